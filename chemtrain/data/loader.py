@@ -1,0 +1,62 @@
+"""Batches of an in-memory dataset for one process.
+
+A loader yields, per step, this process's rows of the global batch as numpy
+arrays plus a per-sample validity mask ``_valid``. Every process draws the same
+global order (from ``seed`` and the epoch), so shuffling needs no
+communication and a restored run sees the same batches.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from .dataset import dataset_length
+
+VALID = "_valid"
+
+
+def epoch_order(n: int, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
+    if not shuffle:
+        return np.arange(n)
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+class InMemoryLoader:
+    """Iterate over global batches of an in-memory dataset.
+
+    Training (``drop_last=True``) skips the incomplete last batch of a
+    shuffled epoch; evaluation (``drop_last=False``) pads it with invalid
+    samples that the metrics ignore.
+    """
+
+    def __init__(self, data: dict, batch: int, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = True):
+        self.data = data
+        self.n = dataset_length(data)
+        self.batch = batch
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+
+    def __len__(self) -> int:
+        full, rest = divmod(self.n, self.batch)
+        return full if (self.drop_last or rest == 0) else full + 1
+
+    def global_batches(self, epoch: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yield (indices, valid) of each global batch; padded rows repeat row 0."""
+        order = epoch_order(self.n, epoch, self.seed, self.shuffle)
+        for b in range(len(self)):
+            idx = order[b * self.batch:(b + 1) * self.batch]
+            valid = np.ones(self.batch, bool)
+            if idx.size < self.batch:
+                valid[idx.size:] = False
+                idx = np.concatenate([idx, np.full(self.batch - idx.size, order[0])])
+            yield idx, valid
+
+    def local_batches(self, rows: slice, epoch: int = 0) -> Iterator[dict]:
+        """Yield this process's ``rows`` of each global batch as numpy arrays."""
+        for idx, valid in self.global_batches(epoch):
+            local = {k: v[idx[rows]] for k, v in self.data.items()}
+            local[VALID] = valid[rows]
+            yield local

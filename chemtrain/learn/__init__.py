@@ -1,0 +1,1 @@
+"""Pure functions under the trainers: predictions, losses, metrics, steps."""

@@ -1,0 +1,103 @@
+"""The only place that knows single / jax / mpi / jax-distributed.
+
+``make_strategy(parallelism, mesh)`` resolves the user's choice into one
+:class:`~chemtrain.parallel.base.Strategy`. Importing this package imports
+neither mpi4py nor mpi4jax and initialises no JAX backend; those happen in
+``make_strategy`` and only when needed.
+"""
+from __future__ import annotations
+
+import os
+
+from .base import Strategy
+
+METHODS = ("auto", "single", "jax", "mpi")
+
+# Environment variables that MPI launchers set for every rank.
+_MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS",
+                  "MV2_COMM_WORLD_SIZE")
+
+
+def launched_by_mpi_with_several_ranks() -> bool:
+    """Cheap check of the launcher environment (imports nothing)."""
+    for var in _MPI_SIZE_VARS:
+        try:
+            if int(os.environ.get(var, "1")) > 1:
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def mpi_world_size() -> int:
+    """Number of MPI ranks; imports mpi4py only when a launcher says > 1."""
+    if not launched_by_mpi_with_several_ranks():
+        return 1
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return 1
+    return MPI.COMM_WORLD.Get_size()
+
+
+def jax_process_count() -> int:
+    """Processes of an initialized ``jax.distributed`` run (1 otherwise)."""
+    import jax
+    from jax._src import distributed
+    if distributed.global_state.client is None:
+        return 1
+    return jax.process_count()
+
+
+def resolve(parallelism: str = "auto") -> str:
+    """Name of the method ``parallelism`` stands for on this machine."""
+    if not isinstance(parallelism, str) or parallelism not in METHODS:
+        raise ValueError(
+            f"Unknown parallelism {parallelism!r}; expected one of {METHODS}. "
+            f"'auto' picks jax.distributed, then MPI, then local multi-device "
+            f"JAX, then single.")
+    n_jax, n_mpi = jax_process_count(), mpi_world_size()
+    if n_jax > 1 and n_mpi > 1:
+        raise RuntimeError(
+            f"Both jax.distributed ({n_jax} processes) and MPI ({n_mpi} ranks) "
+            f"are active. Use one: either call jax.distributed.initialize() and "
+            f"parallelism='jax' (launching with mpirun is fine for that), or do "
+            f"not initialize jax.distributed and use parallelism='mpi'.")
+    if parallelism != "auto":
+        return parallelism
+    if n_jax > 1:
+        return "jax"
+    if n_mpi > 1:
+        return "mpi"
+    import jax
+    if jax.local_device_count() > 1:
+        return "jax"
+    return "single"
+
+
+def make_strategy(parallelism: str = "auto", mesh=None, check_vma: bool = True) -> Strategy:
+    """Build the strategy for ``parallelism`` ('auto', 'single', 'jax', 'mpi').
+
+    ``mesh`` (a 1-D ``jax.sharding.Mesh`` with axis ``'data'``) selects the
+    devices for 'jax' (and makes 'auto' mean 'jax'). ``check_vma=False``
+    turns off shard_map's varying-axis check, for models whose primitives
+    drop that information.
+    """
+    if mesh is not None and parallelism in ("auto", "jax"):
+        from .jax_mesh import JaxStrategy, check_mesh
+        resolve("jax")  # still refuses an accidental MPI + jax.distributed mix
+        return JaxStrategy(check_mesh(mesh), check_vma=check_vma)
+    method = resolve(parallelism)
+    if mesh is not None:
+        raise ValueError(f"mesh is only used with parallelism='jax', not {method!r}.")
+    if method == "single":
+        from .single import SingleStrategy
+        return SingleStrategy()
+    if method == "jax":
+        from .jax_mesh import JaxStrategy
+        return JaxStrategy(check_vma=check_vma)
+    from .mpi import MpiStrategy
+    return MpiStrategy()
+
+
+__all__ = ["Strategy", "make_strategy", "resolve", "METHODS"]

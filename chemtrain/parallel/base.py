@@ -1,0 +1,131 @@
+"""The strategy interface: everything a trainer needs to know about parallelism.
+
+A strategy owns one answer each to: how many shards there are, which rows of a
+global batch this process reads, how host data becomes device arrays, how the
+root's state reaches everyone, and how a per-shard function becomes one
+compiled function with the right collectives. Trainers call these methods and
+never ask which method is active.
+
+Functions compiled by a strategy are written per shard and use only
+``strategy.vary``, ``strategy.mean`` and ``strategy.sum`` to talk to the
+other shards.
+"""
+from __future__ import annotations
+
+import abc
+from typing import Any, Callable
+
+import numpy as np
+
+Pytree = Any
+
+
+class Strategy(abc.ABC):
+    """Base class of the parallel strategies (see module docstring)."""
+
+    #: name of the method as given to ``parallelism=``
+    name: str = "abstract"
+
+    # -- who am I ---------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def n_shards(self) -> int:
+        """Global number of shards (devices or ranks) a batch is split over."""
+
+    @property
+    def process_index(self) -> int:
+        return 0
+
+    @property
+    def process_count(self) -> int:
+        return 1
+
+    @property
+    def is_root(self) -> bool:
+        return self.process_index == 0
+
+    def check_batch(self, batch: int) -> int:
+        """Return rows per shard; raise if ``batch`` does not split evenly."""
+        if not isinstance(batch, (int, np.integer)) or batch < 1:
+            raise ValueError(f"batch must be a positive integer, got {batch!r}.")
+        if batch % self.n_shards:
+            raise ValueError(
+                f"batch={batch} is not divisible by the number of shards "
+                f"({self.n_shards}, parallelism={self.name!r}). batch is the "
+                f"global number of structures per step; choose a multiple of "
+                f"{self.n_shards}, e.g. batch={self.n_shards * max(1, batch // self.n_shards)}."
+            )
+        return batch // self.n_shards
+
+    def local_rows(self, batch: int) -> slice:
+        """The contiguous rows of a global batch that this process reads."""
+        per_process = batch // self.process_count
+        start = self.process_index * per_process
+        return slice(start, start + per_process)
+
+    # -- placement ----------------------------------------------------------
+    @abc.abstractmethod
+    def place_batch(self, local_batch: Pytree) -> Pytree:
+        """Turn this process's numpy rows into the device batch of a step."""
+
+    @abc.abstractmethod
+    def replicate(self, tree: Pytree) -> Pytree:
+        """Place a state pytree (identical on all processes) on every shard."""
+
+    def broadcast_from_root(self, tree: Pytree) -> Pytree:
+        """Return the root's value of ``tree`` (numpy leaves) on every process."""
+        return tree
+
+    def to_host(self, x: Pytree, sharded: bool = False) -> Pytree:
+        """Numpy copy of a compiled function's output (global for sharded)."""
+        return _tree_map(np.asarray, x)
+
+    # -- host-level communication -----------------------------------------
+    def host_max(self, value: float) -> float:
+        """Maximum of a Python number over processes."""
+        return value
+
+    def barrier(self) -> None:
+        """Wait for every process."""
+
+    def bcast_object(self, obj: Any) -> Any:
+        """Send a small Python object (JSON-like) from the root to everyone."""
+        return obj
+
+    def abort(self, message: str) -> None:
+        """Make every process stop after a failure on this one."""
+
+    # -- inside compiled per-shard functions ------------------------------
+    def vary(self, tree: Pytree) -> Pytree:
+        """Mark replicated values as per-shard before differentiating."""
+        return tree
+
+    def mean(self, tree: Pytree) -> Pytree:
+        """Mean over shards (identity for one shard)."""
+        return tree
+
+    def sum(self, tree: Pytree) -> Pytree:
+        """Sum over shards (identity for one shard)."""
+        return tree
+
+    def mean_gradient(self, grads: Pytree) -> Pytree:
+        """Average a gradient pytree over shards (may pack leaves)."""
+        return self.mean(grads)
+
+    @abc.abstractmethod
+    def compile(self, fn: Callable, in_sharded: tuple[bool, ...],
+                out_sharded: Any) -> Callable:
+        """Compile a per-shard ``fn``.
+
+        ``in_sharded[i]`` says whether argument ``i`` is split along its
+        leading axis (a batch) or replicated (state). ``out_sharded`` is a
+        bool or a tuple of bools in the same sense for the outputs.
+        """
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.n_shards} shard(s), process {self.process_index}/{self.process_count}"
+
+
+def _tree_map(fn, tree):
+    import jax
+    return jax.tree.map(fn, tree)

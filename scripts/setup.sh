@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Creates ./.venv if missing and installs chemtrain with everything it needs,
+# MPI included. Idempotent: a second run only checks a stamp and returns.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${CHEMTRAIN_VENV:-.venv}
+STAMP="$VENV/.chemtrain-setup"
+want=$(cat scripts/requirements.txt scripts/setup.sh pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  exit 0
+fi
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+PY="$VENV/bin/python"
+export PATH="$PWD/$VENV/bin:$PATH"
+"$PY" -m pip install -q --upgrade pip
+"$PY" -m pip install -q -r scripts/requirements.txt
+# jax-md's declared requirements pull pymatgen, pandas and plotly (~220 MB)
+# that only jax_md.a2c uses; its import-time needs are in requirements.txt.
+"$PY" -m pip install -q --no-deps jax-md==0.2.29
+# mpi4jax compiles against the mpicc on PATH (the mpich wheel's). A CUDA
+# toolkit without a GPU breaks its build, so hide it; never reuse a cached
+# wheel built against another MPI.
+if ! "$PY" -c "import mpi4jax" >/dev/null 2>&1; then
+  CUDA_PATH=$(mktemp -d) "$PY" -m pip install -q --no-cache-dir "mpi4jax==0.9.1.post2"
+fi
+"$PY" -m pip install -q --no-deps -e .
+echo "$want" > "$STAMP"
+echo "chemtrain environment ready in $VENV"
