@@ -39,24 +39,27 @@ def energy_kwargs(batch: Mapping, exclude) -> dict:
     return {k: v for k, v in batch.items() if k not in exclude}
 
 
-def make_predictor(energy_fn_template: Callable, nbrs_init) -> Callable:
+def make_predictor(energy_fn_template: Callable, nbrs_init, vary: Callable = lambda t: t) -> Callable:
     """Return ``predict(params, R, kwargs) -> ({'U', 'F'}, nbr_error)`` for a
     batch of structures (vmapped over the leading axis of ``R`` and kwargs).
 
     Energy and forces come from one ``value_and_grad``; ``nbr_error`` is True
-    where the neighbor list overflowed or was otherwise invalid.
+    where the neighbor list overflowed or was otherwise invalid. ``vary`` is
+    the strategy's :meth:`~chemtrain.parallel.base.Strategy.vary`: the
+    neighbor-list template becomes per-shard data, as jax-md's update mixes
+    it with per-shard positions in one ``lax.cond``.
     """
 
-    def one(params, R, kwargs):
+    def one(params, nbrs0, R, kwargs):
         energy_fn = energy_fn_template(params)
-        nbrs = nbrs_init.update(R, **({"box": kwargs["box"]} if "box" in kwargs else {}))
+        nbrs = nbrs0.update(R, **({"box": kwargs["box"]} if "box" in kwargs else {}))
         if "mask" in kwargs:
             nbrs = mask_neighbors(nbrs, kwargs["mask"])
         U, dU = jax.value_and_grad(lambda r: energy_fn(r, neighbor=nbrs, **kwargs))(R)
         return {"U": U, "F": -dU}, nbrs.error.code != 0
 
     def predict(params, R, kwargs):
-        return jax.vmap(one, in_axes=(None, 0, 0))(params, R, kwargs)
+        return jax.vmap(one, in_axes=(None, None, 0, 0))(params, vary(nbrs_init), R, kwargs)
 
     return predict
 

@@ -114,7 +114,7 @@ class ForceMatching:
         self._loaders: dict[str, InMemoryLoader] = {}
 
         exclude = {"R", *fm.TARGETS, VALID, *self.weights_keys.values()}
-        predict = fm.make_predictor(energy_fn_template, nbrs_init)
+        predict = fm.make_predictor(energy_fn_template, nbrs_init, self.strategy.vary)
         loss_fn = fm.make_shard_loss(predict, self.gammas, self.weights_keys, exclude)
         self._update = make_update(loss_fn, optimizer, self.strategy)
         self._sums = make_reduced(fm.make_metric_sums(predict, self.gammas, self.weights_keys,
