@@ -30,10 +30,11 @@ class InMemoryLoader:
     samples that the metrics ignore.
     """
 
-    def __init__(self, data: dict, batch: int, shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = True):
+    def __init__(self, data: dict | None, batch: int, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = True, n: int | None = None, schema: dict | None = None):
         self.data = data
-        self.n = dataset_length(data)
+        self.n = dataset_length(data) if n is None else n
+        self.schema = schema if schema is not None else describe(data)
         self.batch = batch
         self.shuffle = shuffle
         self.seed = seed
@@ -54,9 +55,24 @@ class InMemoryLoader:
                 idx = np.concatenate([idx, np.full(self.batch - idx.size, order[0])])
             yield idx, valid
 
-    def local_batches(self, rows: slice, epoch: int = 0) -> Iterator[dict]:
-        """Yield this process's ``rows`` of each global batch as numpy arrays."""
+    def local_batches(self, strategy, epoch: int = 0) -> Iterator[dict]:
+        """Yield this process's rows of each global batch as numpy arrays.
+
+        The rows come from ``strategy.local_rows``; with a strategy that
+        ``scatters_from_root`` only the root holds ``data`` and sends them.
+        """
+        rows = strategy.local_rows(self.batch)
         for idx, valid in self.global_batches(epoch):
-            local = {k: v[idx[rows]] for k, v in self.data.items()}
+            if strategy.scatters_from_root:
+                glob = None if self.data is None else {k: v[idx] for k, v in self.data.items()}
+                local = strategy.scatter_rows(glob, self.schema, self.batch)
+            else:
+                local = {k: v[idx[rows]] for k, v in self.data.items()}
             local[VALID] = valid[rows]
             yield local
+
+
+def describe(data: dict) -> dict:
+    """Row shape and dtype of each array: what a process without the data
+    needs to receive rows."""
+    return {k: (tuple(v.shape[1:]), v.dtype.str) for k, v in data.items()}

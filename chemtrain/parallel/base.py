@@ -25,6 +25,8 @@ class Strategy(abc.ABC):
 
     #: name of the method as given to ``parallelism=``
     name: str = "abstract"
+    #: in-memory datasets live on the root, which sends each process its rows
+    scatters_from_root: bool = False
 
     # -- who am I ---------------------------------------------------------
     @property
@@ -92,8 +94,23 @@ class Strategy(abc.ABC):
         """Send a small Python object (JSON-like) from the root to everyone."""
         return obj
 
+    def host_allgather(self, value) -> list:
+        """List of every process's ``value`` (a numpy array of equal shape)."""
+        return [value]
+
+    def scatter_rows(self, global_batch, schema, batch):
+        """Rows of this process from the root's ``global_batch`` (only for
+        strategies with ``scatters_from_root``)."""
+        raise NotImplementedError
+
     def abort(self, message: str) -> None:
         """Make every process stop after a failure on this one."""
+
+    def failure_guard(self):
+        """Context manager around collective work: on an exception, make sure
+        no other process is left waiting (MPI aborts the communicator)."""
+        import contextlib
+        return contextlib.nullcontext()
 
     # -- inside compiled per-shard functions ------------------------------
     def vary(self, tree: Pytree) -> Pytree:

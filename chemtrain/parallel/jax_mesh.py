@@ -108,6 +108,12 @@ class JaxStrategy(Strategy):
         vals = multihost_utils.process_allgather(np.asarray(value, np.float64))
         return float(np.max(vals))
 
+    def host_allgather(self, value):
+        if self.process_count == 1:
+            return [value]
+        from jax.experimental import multihost_utils
+        return list(np.asarray(multihost_utils.process_allgather(np.asarray(value))))
+
     def barrier(self):
         if self.process_count > 1:
             from jax.experimental import multihost_utils

@@ -11,6 +11,7 @@ import logging
 import os
 import time
 import warnings
+import zlib
 from typing import Any, Callable, Mapping
 
 import jax
@@ -19,7 +20,7 @@ import optax
 
 from .. import checkpoint as ckpt
 from ..data import InMemoryLoader, split_dataset, validate_dataset
-from ..data.loader import VALID
+from ..data.loader import VALID, describe
 from ..learn import force_matching as fm
 from ..learn.step import make_reduced, make_update
 from ..parallel import make_strategy
@@ -62,6 +63,8 @@ class ForceMatching:
       seed: seed of the training-batch order.
       progress: show tqdm bars (root process only).
       check_vma: shard_map's varying-axis check in 'jax' mode.
+      consistency_check_every: every k steps compare checksums of the state
+        across processes and raise naming the first leaf that differs.
     """
 
     def __init__(self, init_params, optimizer: optax.GradientTransformation,
@@ -70,6 +73,7 @@ class ForceMatching:
                  weights_keys: Mapping[str, str] | None = None,
                  checkpoint_path: str = "checkpoints", log_file: str | None = None,
                  seed: int = 0, progress: bool = True, check_vma: bool = True,
+                 consistency_check_every: int | None = None,
                  batch_per_device: int | None = None, disable_shmap: bool | None = None):
         if disable_shmap:
             raise ValueError("disable_shmap=True is no longer supported: the batch is always "
@@ -98,6 +102,7 @@ class ForceMatching:
         self.log_file = log_file
         self.seed = seed
         self.progress = progress
+        self.consistency_check_every = consistency_check_every
 
         host_params = self.strategy.broadcast_from_root(jax.tree.map(np.asarray, init_params))
         host_opt = self.strategy.broadcast_from_root(
@@ -129,43 +134,81 @@ class ForceMatching:
     def _required_keys(self):
         return ("R", *self.gammas, *self.weights_keys.values())
 
-    def set_datasets(self, dataset: Mapping, train_ratio: float = 0.7, val_ratio: float = 0.1,
-                     shuffle: bool = False, seed: int = 0) -> None:
+    def set_datasets(self, dataset: Mapping | None, train_ratio: float = 0.7,
+                     val_ratio: float = 0.1, shuffle: bool = False, seed: int = 0) -> None:
         """Split ``dataset`` (dict of equal-length arrays) into training,
-        validation and testing parts and use them."""
-        data = validate_dataset(dataset, self._required_keys())
-        for stage, part in split_dataset(data, train_ratio, val_ratio, shuffle, seed).items():
-            if next(iter(part.values())).shape[0]:
-                self.set_dataset(part, stage)
-            else:
-                self._loaders.pop(stage, None)
+        validation and testing parts and use them.
 
-    def set_dataset(self, dataset: Mapping, stage: str = "training") -> None:
+        Under ``parallelism='mpi'`` only rank 0's ``dataset`` is read (other
+        ranks may pass None); rank 0 sends each rank its rows of every batch.
+        """
+        def split():
+            data = validate_dataset(dataset, self._required_keys())
+            return split_dataset(data, train_ratio, val_ratio, shuffle, seed)
+
+        parts = self._on_root(split)
+        stages = self._on_root(lambda: [k for k, v in parts.items() if len(v["R"])], share=True)
+        for stage in STAGES:
+            self._loaders.pop(stage, None)
+        for stage in stages:
+            self.set_dataset(parts[stage] if parts is not None else None, stage)
+
+    def set_dataset(self, dataset: Mapping | None, stage: str = "training") -> None:
         """Use ``dataset`` for one stage ('training', 'validation', 'testing')."""
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {STAGES}, got {stage!r}.")
-        data = validate_dataset(dataset, self._required_keys(), name=f"{stage} dataset")
-        n = next(iter(data.values())).shape[0]
-        if stage == "training" and n < self.batch:
-            raise ValueError(f"The training set has {n} structures, fewer than batch={self.batch}; "
-                             f"lower batch or add data.")
         train = stage == "training"
-        self._loaders[stage] = InMemoryLoader(data, self.batch, shuffle=train, seed=self.seed,
-                                              drop_last=train)
+        loader = self._make_loader(dataset, f"{stage} dataset", shuffle=train, drop_last=train)
+        if train and loader.n < self.batch:
+            raise ValueError(f"The training set has {loader.n} structures, fewer than "
+                             f"batch={self.batch}; lower batch or add data.")
+        self._loaders[stage] = loader
+
+    def _make_loader(self, dataset, name, shuffle, drop_last, required=None):
+        required = self._required_keys() if required is None else required
+        data = self._on_root(lambda: validate_dataset(dataset, required, name=name))
+        info = self._on_root(lambda: {"n": int(len(data["R"])), "schema": describe(data)},
+                             share=True)
+        schema = {k: (tuple(shape), dtype) for k, (shape, dtype) in info["schema"].items()}
+        return InMemoryLoader(data, self.batch, shuffle=shuffle, seed=self.seed,
+                              drop_last=drop_last, n=info["n"], schema=schema)
+
+    def _on_root(self, fn, share=False):
+        """Run ``fn`` where the data lives: everywhere, or only on the root for
+        strategies that scatter from it. An error there is raised on every
+        process; ``share`` sends the root's (JSON-like) result to all."""
+        if not self.strategy.scatters_from_root:
+            return fn()
+        result, error = None, None
+        if self.strategy.is_root:
+            try:
+                result = fn()
+            except (TypeError, ValueError) as e:
+                error = (type(e).__name__, str(e))
+        error = self.strategy.bcast_object(error)
+        if error is not None:
+            raise {"TypeError": TypeError}.get(error[0], ValueError)(error[1])
+        return self.strategy.bcast_object(result) if share else result
 
     def _loader(self, stage):
         if stage not in self._loaders:
             raise ValueError(f"No {stage} data: call set_datasets() or set_dataset(data, {stage!r}).")
         return self._loaders[stage]
 
-    def _batches(self, stage, epoch=0):
-        rows = self.strategy.local_rows(self.batch)
-        for local in self._loader(stage).local_batches(rows, epoch):
+    def _batches(self, loader, epoch=0):
+        for local in loader.local_batches(self.strategy, epoch):
             yield self.strategy.place_batch(local)
 
     # -- training -----------------------------------------------------------
     def train(self, max_epochs: int, checkpoint_freq: int | None = None) -> None:
-        """Train ``max_epochs`` more epochs; checkpoint every ``checkpoint_freq``."""
+        """Train ``max_epochs`` more epochs; checkpoint every ``checkpoint_freq``.
+
+        In a multi-process run an exception on one process stops all of them
+        (see ``Strategy.failure_guard``)."""
+        with self.strategy.failure_guard():
+            self._train(max_epochs, checkpoint_freq)
+
+    def _train(self, max_epochs, checkpoint_freq):
         loader = self._loader("training")
         root = self.strategy.is_root
         epochs = progress_bar(range(self.epoch, self.epoch + max_epochs), desc="epochs",
@@ -175,9 +218,11 @@ class ForceMatching:
             stats = []
             bar = progress_bar(total=len(loader), desc=f"epoch {epoch}", leave=False,
                                disable=not (root and self.progress), position=1)
-            for batch in self._batches("training", epoch):
+            for batch in self._batches(loader, epoch):
                 self.params, self.opt_state, s = self._update(self.params, self.opt_state, batch)
                 stats.append(s)
+                if self.consistency_check_every and (self.step + len(stats)) % self.consistency_check_every == 0:
+                    self.check_consistency()
                 if len(stats) > 1:  # check the previous step while this one runs
                     bar.set_postfix(loss=f"{self._check_step(stats[-2], epoch, len(stats) - 2):.4g}")
                 bar.update()
@@ -241,15 +286,34 @@ class ForceMatching:
                 f.write(json.dumps(record) + "\n")
 
     # -- evaluation ---------------------------------------------------------
+    def check_consistency(self) -> None:
+        """Compare checksums of every parameter and optimizer-state leaf across
+        processes; raise naming the first leaf whose replicas differ."""
+        flat, _ = jax.tree_util.tree_flatten_with_path(
+            {"params": self.strategy.to_host(self.params),
+             "opt_state": self.strategy.to_host(self.opt_state)})
+        sums = np.array([zlib.crc32(np.ascontiguousarray(v).tobytes()) for _, v in flat], np.int64)
+        for proc, other in enumerate(self.strategy.host_allgather(sums)):
+            diff = np.nonzero(np.asarray(other) != sums)[0]
+            if diff.size:
+                raise TrainingError(
+                    f"Replicas diverged after step {self.step}: "
+                    f"{jax.tree_util.keystr(flat[diff[0]][0])} differs between process "
+                    f"{self.strategy.process_index} and process {proc} "
+                    f"({diff.size} leaf/leaves differ in all).")
+
     def evaluate(self, stage: str = "validation", params=None) -> dict:
         """MAE and RMSE per target and the mean per-structure loss of a stage.
 
         Sums over all batches and shards are divided once, so padding the last
         batch changes nothing. Errors are in kJ/mol (U) and kJ/mol/nm (F).
         """
-        params = self.params if params is None else params
+        with self.strategy.failure_guard():
+            return self._evaluate(stage, self.params if params is None else params)
+
+    def _evaluate(self, stage, params):
         total = None
-        for batch in self._batches(stage):
+        for batch in self._batches(self._loader(stage)):
             s = self._sums(params, batch)
             total = s if total is None else jax.tree.map(lambda a, b: a + b, total, s)
         host = jax.tree.map(lambda x: np.asarray(x, np.float64), self.strategy.to_host(total))
@@ -258,16 +322,14 @@ class ForceMatching:
                                 f"{stage} structure(s); allocate nbrs_init with more capacity.")
         return fm.finish_metrics(host, self.gammas)
 
-    def predict(self, dataset: Mapping) -> dict:
-        """Energies ``U`` (n,) and forces ``F`` (n, atoms, 3) of ``dataset`` as numpy."""
-        data = validate_dataset(dataset, ("R",))
-        n = data["R"].shape[0]
-        loader = InMemoryLoader(data, self.batch, shuffle=False, drop_last=False)
-        rows = self.strategy.local_rows(self.batch)
-        out = []
-        for local in loader.local_batches(rows):
-            out.append(self.strategy.to_host(self.predict_batch(local), sharded=True))
-        return {k: np.concatenate([o[k] for o in out])[:n] for k in ("U", "F")}
+    def predict(self, dataset: Mapping | None) -> dict:
+        """Energies ``U`` (n,) and forces ``F`` (n, atoms, 3) of ``dataset`` as
+        numpy, on every process (under MPI only rank 0's dataset is read)."""
+        loader = self._make_loader(dataset, "dataset", shuffle=False, drop_last=False,
+                                   required=("R",))
+        out = [self.strategy.to_host(self._predict(self.params, batch), sharded=True)
+               for batch in self._batches(loader)]
+        return {k: np.concatenate([o[k] for o in out])[:loader.n] for k in ("U", "F")}
 
     def predict_batch(self, local_batch: Mapping) -> dict:
         """Device predictions of one batch (this process's rows as numpy);
@@ -287,10 +349,16 @@ class ForceMatching:
                 "batch": self.batch, "seed": self.seed, "best_loss": self.best_loss,
                 "train_losses": self.train_losses, "val_losses": self.val_losses,
                 "history": self.history, "error": error}
+        error = None
         if self.strategy.is_root:
-            ckpt.save(path, trees, meta)
-            log.info("Saved %s to %s (epoch %d)", kind, path, self.epoch)
-        self.strategy.barrier()
+            try:
+                ckpt.save(path, trees, meta)
+                log.info("Saved %s to %s (epoch %d)", kind, path, self.epoch)
+            except OSError as e:
+                error = f"{type(e).__name__}: {e}"
+        error = self.strategy.bcast_object(error)  # every process learns the outcome
+        if error:
+            raise ckpt.CheckpointError(f"Writing the checkpoint {path!r} failed on the root: {error}")
 
     def restore(self, path: str) -> None:
         """Continue from a checkpoint written by :meth:`save_checkpoint`."""
