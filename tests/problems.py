@@ -30,12 +30,22 @@ def neighbor_list(box, R0, fmt=partition.NeighborListFormat.Sparse, r_cut=R_CUT)
     return disp, fn.allocate(jnp.asarray(R0), extra_capacity=8)
 
 
+def mlp_model(box, R0, seed=1):
+    """(init_params, template, nbrs_init) of a small pair MLP."""
+    disp, nbrs = neighbor_list(box, R0)
+    params = init_pair_mlp(jax.random.PRNGKey(seed), hidden=(8, 8), n_basis=8, dtype=jnp.float64)
+    return params, pair_mlp_template(disp, R_CUT, n_basis=8, r_min=0.2), nbrs
+
+
 def mlp_problem(n_frames=48):
     """(dataset, init_params, template, nbrs_init) for a pair MLP on LJ data."""
     data, box, _ = lj_fluid(n_frames=n_frames)
-    disp, nbrs = neighbor_list(box, data["R"][0])
-    params = init_pair_mlp(jax.random.PRNGKey(1), hidden=(8, 8), n_basis=8, dtype=jnp.float64)
-    return data, params, pair_mlp_template(disp, R_CUT, n_basis=8, r_min=0.2), nbrs
+    return (data, *mlp_model(box, data["R"][0]))
+
+
+# The fixed training problem that every parallel mode is compared on.
+FIXED = dict(batch=4, gammas={"U": 1e-3, "F": 1.0}, train_ratio=20 / 48, val_ratio=0.25,
+             epochs=2)  # 20 training structures / batch 4 = 5 steps per epoch: 10 steps
 
 
 def lj_problem():

@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import Mesh
 
 from chemtrain.trainers import ForceMatching
-from problems import adam, lj_problem, mlp_problem, rel_err, tree_rel_err
+from problems import FIXED, adam, lj_problem, mlp_problem, rel_err, tree_rel_err
 
 
 def make_trainer(tmp_path, parallelism="single", mesh=None, batch=8, **kw):
@@ -17,7 +17,7 @@ def make_trainer(tmp_path, parallelism="single", mesh=None, batch=8, **kw):
     tr = ForceMatching(params, kw.pop("optimizer", adam()), template, nbrs, batch=batch,
                        parallelism=parallelism, mesh=mesh, checkpoint_path=str(tmp_path / "ckpt"),
                        progress=False, **kw)
-    tr.set_datasets(data, train_ratio=20 / 48, val_ratio=0.25)
+    tr.set_datasets(data, train_ratio=FIXED["train_ratio"], val_ratio=FIXED["val_ratio"])
     return tr
 
 
@@ -30,9 +30,9 @@ def test_single_and_jax_agree_after_10_steps(tmp_path):
     results = {}
     for name, par, mesh in [("single", "single", None), ("jax2", "jax", mesh_of(2)),
                             ("jax4", "jax", mesh_of(4))]:
-        tr = make_trainer(tmp_path / name, par, mesh, batch=4, gammas={"U": 1e-3, "F": 1.0})
+        tr = make_trainer(tmp_path / name, par, mesh, batch=FIXED["batch"], gammas=FIXED["gammas"])
         assert tr.strategy.n_shards == (1 if par == "single" else mesh.size)
-        tr.train(2)  # 20 training structures / batch 4 = 5 steps per epoch
+        tr.train(FIXED["epochs"])
         assert tr.step == 10
         results[name] = (jax.tree.map(np.asarray, tr.params), tr.train_losses, tr.val_losses)
     ref = results["single"]

@@ -1,0 +1,59 @@
+"""Launch test processes: mpirun ranks and jax.distributed processes."""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BIN = os.path.dirname(sys.executable)
+
+
+def env(devices=1, **extra):
+    e = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    e["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    e["JAX_PLATFORMS"] = "cpu"
+    e["PATH"] = BIN + os.pathsep + e.get("PATH", "")
+    e["PYTHONPATH"] = os.pathsep.join([HERE, e.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    e.update(extra)
+    return e
+
+
+def mpirun(n, script_args, devices=1, timeout=300, **extra):
+    """Run tests/mp_run.py (or ``-c`` code) on ``n`` MPI ranks; return
+    (returncode, combined output, seconds)."""
+    mpirun_bin = os.path.join(BIN, "mpirun")
+    if not os.path.exists(mpirun_bin):
+        raise RuntimeError(f"{mpirun_bin} not found: run scripts/setup.sh (installs the mpich wheel).")
+    cmd = [mpirun_bin, "-np", str(n), sys.executable, *script_args]
+    t = time.perf_counter()
+    out = subprocess.run(cmd, env=env(devices, **extra), capture_output=True, text=True,
+                         timeout=timeout)
+    return out.returncode, out.stdout + out.stderr, time.perf_counter() - t
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def distributed(n, script_args, devices=1, timeout=300):
+    """Run ``n`` jax.distributed processes of tests/mp_run.py; return
+    (list of return codes, combined output)."""
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "mp_run.py"), *script_args,
+                               "--distributed", str(n), "--process-id", str(i), "--port", str(port)],
+                              env=env(devices), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for i in range(n)]
+    outs, codes = [], []
+    deadline = time.time() + timeout
+    for p in procs:
+        try:
+            o, _ = p.communicate(timeout=max(1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            o, _ = p.communicate()
+        outs.append(o)
+        codes.append(p.returncode)
+    return codes, "\n".join(outs)

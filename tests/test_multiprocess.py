@@ -1,0 +1,163 @@
+"""MPI ranks (mpirun) and jax.distributed processes: equivalence with one
+device, state broadcast, 'auto' selection, laziness, failures, bad input."""
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+
+import mp
+from problems import FIXED, lj_fluid, mlp_problem
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    data, box, _ = lj_fluid()
+    path = tmp_path_factory.mktemp("mp") / "data.npz"
+    np.savez(path, R=data["R"], U=data["U"], F=data["F"], R0=data["R"][0], box=box)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The fixed problem trained in this process on one device."""
+    import jax
+    import optax
+    from chemtrain.trainers import ForceMatching
+    data, params, template, nbrs = mlp_problem()
+    tr = ForceMatching(params, optax.chain(optax.adam(1e-3)), template, nbrs,
+                       batch=FIXED["batch"], parallelism="single", gammas=FIXED["gammas"],
+                       progress=False, checkpoint_path=str(tmp_path_factory.mktemp("ref")))
+    tr.set_datasets(data, train_ratio=FIXED["train_ratio"], val_ratio=FIXED["val_ratio"])
+    tr.train(FIXED["epochs"])
+    flat = jax.tree_util.tree_flatten_with_path(jax.tree.map(np.asarray, tr.params))[0]
+    return {jax.tree_util.keystr(k): v for k, v in flat}, tr.train_losses, tr.val_losses, params
+
+
+def check_run(out_dir, reference, n_procs):
+    final = dict(np.load(os.path.join(out_dir, "final.npz")))
+    ref, train_losses, val_losses, init = reference
+    assert set(final) == set(ref)
+    for k in ref:
+        rel = np.max(np.abs(final[k] - ref[k])) / np.max(np.abs(ref[k]))
+        assert rel < 1e-6, (k, rel)
+    losses = json.load(open(os.path.join(out_dir, "losses.json")))
+    assert losses["step"] == 10
+    np.testing.assert_allclose(losses["train"], train_losses, rtol=1e-6)
+    np.testing.assert_allclose(losses["val"], val_losses, rtol=1e-6)
+    # every process held the root's parameters and optimizer state after construction,
+    # although each built its own from another seed (--rank-init)
+    inits = [dict(np.load(os.path.join(out_dir, f"init_{i}.npz"))) for i in range(n_procs)]
+    for other in inits[1:]:
+        assert set(other) == set(inits[0])
+        for k in inits[0]:
+            np.testing.assert_array_equal(other[k], inits[0][k], err_msg=k)
+    import jax
+    leaf = np.asarray(jax.tree.leaves(init)[0])
+    assert np.array_equal(inits[0][next(k for k in inits[0] if k.startswith("['params']"))], leaf)
+
+
+def test_mpi_two_ranks_match_single(data_file, reference, tmp_path):
+    rc, out, _ = mp.mpirun(2, [os.path.join(mp.HERE, "mp_run.py"), "--data", data_file,
+                               "--out", str(tmp_path), "--parallelism", "mpi", "--rank-init"])
+    assert rc == 0, out[-4000:]
+    assert out.count("STRATEGY mpi 2") == 2
+    check_run(tmp_path, reference, 2)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_jax_distributed_two_processes_match_single(data_file, reference, tmp_path, devices):
+    codes, out = mp.distributed(2, ["--data", data_file, "--out", str(tmp_path),
+                                    "--parallelism", "jax", "--rank-init"], devices=devices)
+    assert codes == [0, 0], out[-4000:]
+    assert out.count(f"STRATEGY jax {2 * devices}") == 2
+    check_run(tmp_path, reference, 2)
+
+
+def report(rc_out):
+    rc, out = rc_out[0], rc_out[1]
+    return rc, [line.split()[1] for line in out.splitlines() if line.startswith("RESOLVED")], out
+
+
+def test_auto_selection(data_file, tmp_path):
+    script = os.path.join(mp.HERE, "mp_run.py")
+    args = ["--data", data_file, "--out", str(tmp_path), "--report-only"]
+    import subprocess
+    import sys
+    for devices, want in [(1, "single"), (2, "jax")]:
+        out = subprocess.run([sys.executable, script, *args], env=mp.env(devices),
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and f"RESOLVED {want}" in out.stdout, out.stderr[-2000:]
+    rc, names, out = report(mp.mpirun(2, [script, *args]))
+    assert rc == 0 and names == ["mpi", "mpi"], out[-2000:]
+    codes, out = mp.distributed(2, args)
+    assert codes == [0, 0] and out.count("RESOLVED jax") == 2, out[-2000:]
+
+
+def test_mixing_mpi_and_jax_distributed_is_an_error(data_file, tmp_path):
+    rc, out, _ = mp.mpirun(2, [os.path.join(mp.HERE, "mp_run.py"), "--data", data_file,
+                               "--out", str(tmp_path), "--report-only", "--distributed-mpi"])
+    assert rc != 0
+    assert "Both jax.distributed (2 processes) and MPI (2 ranks) are active" in out
+
+
+def test_failure_on_one_rank_stops_all(data_file, tmp_path):
+    rc, out, seconds = mp.mpirun(2, [os.path.join(mp.HERE, "mp_run.py"), "--data", data_file,
+                                     "--out", str(tmp_path), "--parallelism", "mpi",
+                                     "--fail-rank", "1"], timeout=120)
+    assert rc != 0
+    assert "OSError: simulated read failure on process 1" in out
+    assert "DONE" not in out
+    # the bound is from the start of mpirun; start-up and compilation are inside it
+    assert seconds < 60, seconds
+
+
+def test_rank_with_two_devices(data_file, tmp_path):
+    rc, out, _ = mp.mpirun(2, [os.path.join(mp.HERE, "mp_run.py"), "--data", data_file,
+                               "--out", str(tmp_path), "--parallelism", "mpi"], devices=2)
+    assert rc != 0 and "sees 2 JAX devices" in out and "CUDA_VISIBLE_DEVICES" in out
+
+
+def test_batch_not_divisible_by_ranks(data_file, tmp_path):
+    rc, out, _ = mp.mpirun(2, [os.path.join(mp.HERE, "mp_run.py"), "--data", data_file,
+                               "--out", str(tmp_path), "--parallelism", "mpi", "--batch", "3"])
+    assert rc != 0 and "batch=3 is not divisible by the number of shards (2, parallelism='mpi')" in out
+
+
+def fake_package(root, name, message):
+    pkg = root / name
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(f"raise ImportError({message!r})\n")
+    return str(root)
+
+
+def test_mpi_without_mpi4jax_or_mpi4py(data_file, tmp_path):
+    script = [os.path.join(mp.HERE, "mp_run.py"), "--data", data_file, "--out", str(tmp_path),
+              "--parallelism", "mpi"]
+    broken = fake_package(tmp_path / "no_mpi4jax", "mpi4jax", "simulated broken mpi4jax build")
+    rc, out, _ = mp.mpirun(2, script, PYTHONPATH=os.pathsep.join([broken, mp.HERE]))
+    assert rc != 0 and "needs the package mpi4jax" in out and "pip install 'chemtrain[mpi]'" in out
+    import subprocess
+    import sys
+    no_mpi4py = fake_package(tmp_path / "no_mpi4py", "mpi4py", "simulated missing mpi4py")
+    out = subprocess.run([sys.executable, *script],
+                         env=mp.env(1, PYTHONPATH=os.pathsep.join([no_mpi4py, mp.HERE])),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "needs the package mpi4py" in out.stderr
+    assert "pip install 'chemtrain[mpi]'" in out.stderr
+
+
+@pytest.mark.parametrize("parallelism,devices", [("single", 1), ("jax", 2), ("auto", 1)])
+def test_training_without_mpi_modules(data_file, tmp_path, parallelism, devices):
+    """Single and jax training import neither mpi4py nor mpi4jax, and still
+    run when mpi4jax is broken."""
+    import subprocess
+    import sys
+    broken = fake_package(tmp_path / "fake", "mpi4jax", "simulated broken mpi4jax build")
+    out = subprocess.run([sys.executable, os.path.join(mp.HERE, "mp_run.py"), "--data", data_file,
+                          "--out", str(tmp_path), "--parallelism", parallelism, "--check-no-mpi"],
+                         env=mp.env(devices, PYTHONPATH=os.pathsep.join([broken, mp.HERE])),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "DONE 0" in out.stdout
