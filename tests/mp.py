@@ -38,11 +38,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def distributed(n, script_args, devices=1, timeout=300):
-    """Run ``n`` jax.distributed processes of tests/mp_run.py; return
+def distributed(n, script_args, devices=1, timeout=300, script="mp_run.py"):
+    """Run ``n`` jax.distributed processes of ``tests/<script>``; return
     (list of return codes, combined output)."""
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "mp_run.py"), *script_args,
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, script), *script_args,
                                "--distributed", str(n), "--process-id", str(i), "--port", str(port)],
                               env=env(devices), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) for i in range(n)]

@@ -48,6 +48,23 @@ FIXED = dict(batch=4, gammas={"U": 1e-3, "F": 1.0}, train_ratio=20 / 48, val_rat
              epochs=2)  # 20 training structures / batch 4 = 5 steps per epoch: 10 steps
 
 
+def lj_template_for(box, R0):
+    """(init_params, template, nbrs_init) of a Lennard-Jones model."""
+    disp, nbrs = neighbor_list(box, R0)
+    return ({"sigma": jnp.asarray(0.31), "epsilon": jnp.asarray(1.3)},
+            lennard_jones_template(disp, R_CUT), nbrs)
+
+
+def write_h5(path, data, **attrs):
+    """Write a dataset dict as root datasets of an HDF5 file."""
+    import h5py
+    with h5py.File(path, "w") as f:
+        for k, v in data.items():
+            f.create_dataset(k, data=v)
+        f.attrs.update(attrs)
+    return str(path)
+
+
 def lj_problem():
     data, box, true = lj_fluid()
     disp, nbrs = neighbor_list(box, data["R"][0])

@@ -41,19 +41,10 @@ class InMemoryLoader:
         self.drop_last = drop_last
 
     def __len__(self) -> int:
-        full, rest = divmod(self.n, self.batch)
-        return full if (self.drop_last or rest == 0) else full + 1
+        return n_batches(self.n, self.batch, self.drop_last)
 
     def global_batches(self, epoch: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Yield (indices, valid) of each global batch; padded rows repeat row 0."""
-        order = epoch_order(self.n, epoch, self.seed, self.shuffle)
-        for b in range(len(self)):
-            idx = order[b * self.batch:(b + 1) * self.batch]
-            valid = np.ones(self.batch, bool)
-            if idx.size < self.batch:
-                valid[idx.size:] = False
-                idx = np.concatenate([idx, np.full(self.batch - idx.size, order[0])])
-            yield idx, valid
+        return global_batches(self, epoch)
 
     def local_batches(self, strategy, epoch: int = 0) -> Iterator[dict]:
         """Yield this process's rows of each global batch as numpy arrays.
@@ -70,6 +61,25 @@ class InMemoryLoader:
                 local = {k: v[idx[rows]] for k, v in self.data.items()}
             local[VALID] = valid[rows]
             yield local
+
+
+def n_batches(n: int, batch: int, drop_last: bool) -> int:
+    full, rest = divmod(n, batch)
+    return full if (drop_last or rest == 0) else full + 1
+
+
+def global_batches(loader, epoch: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Yield (indices, valid) of each global batch of ``loader`` (which has
+    ``n``, ``batch``, ``seed``, ``shuffle``, ``drop_last``); the rows that pad
+    an incomplete last batch repeat a real row and are marked invalid."""
+    order = epoch_order(loader.n, epoch, loader.seed, loader.shuffle)
+    for b in range(n_batches(loader.n, loader.batch, loader.drop_last)):
+        idx = order[b * loader.batch:(b + 1) * loader.batch]
+        valid = np.ones(loader.batch, bool)
+        if idx.size < loader.batch:
+            valid[idx.size:] = False
+            idx = np.concatenate([idx, np.full(loader.batch - idx.size, order[0])])
+        yield idx, valid
 
 
 def describe(data: dict) -> dict:

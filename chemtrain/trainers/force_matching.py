@@ -164,6 +164,15 @@ class ForceMatching:
                              f"batch={self.batch}; lower batch or add data.")
         self._loaders[stage] = loader
 
+    def set_loader(self, loader, stage: str = "training") -> None:
+        """Use a loader that reads for itself, such as
+        :class:`chemtrain.data.HDF5ParallelDataLoader`, for one stage."""
+        if stage not in STAGES:
+            raise ValueError(f"stage must be one of {STAGES}, got {stage!r}.")
+        loader.configure(self.batch, training=stage == "training", seed=self.seed,
+                         strategy=self.strategy, required=self._required_keys())
+        self._loaders[stage] = loader
+
     def _make_loader(self, dataset, name, shuffle, drop_last, required=None):
         required = self._required_keys() if required is None else required
         data = self._on_root(lambda: validate_dataset(dataset, required, name=name))

@@ -1,0 +1,191 @@
+"""HDF5ParallelDataLoader: every process reads only its own rows, in a thread.
+
+The file's root holds equal-length datasets, one row per structure (``R``,
+``F``, ``U``, ``mask``, ``species``, ...; see ``chemtrain.data.convert``).
+Every process draws the same batch order from ``(seed, epoch)`` and reads, in
+a background thread, only the rows the parallel strategy assigns to it (MPI:
+its contiguous block of the global batch; JAX: the blocks of its devices).
+The thread hands numpy arrays through a bounded queue; the training thread
+places them on devices. An exception in the thread is raised in the training
+thread at the next batch, with its original traceback.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from typing import Iterator
+
+import numpy as np
+
+from .loader import VALID, global_batches, n_batches
+
+_END = object()
+
+
+class _Failure:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class HDF5ParallelDataLoader:
+    """Batches from an HDF5 file, read by each process for itself.
+
+    Args:
+      source: path of the HDF5 file (required for multi-process runs: each
+        process opens and closes its own read-only handle), or an open
+        ``h5py.File`` (single-process runs only).
+      keys: datasets to read (default: all datasets at the root).
+      shuffle: shuffle every epoch (default: True for training, False for
+        evaluation; decided by ``trainer.set_loader``).
+      seed: seed of the batch order (default: the trainer's seed).
+      prefetch: number of batches read ahead (bounded queue depth).
+    """
+
+    def __init__(self, source, keys=None, shuffle: bool | None = None, seed: int | None = None,
+                 prefetch: int = 2):
+        import h5py
+        if prefetch < 1:
+            raise ValueError(f"prefetch must be at least 1, got {prefetch}.")
+        self.source = source
+        self.prefetch = prefetch
+        self.shuffle = shuffle
+        self.seed = seed
+        self.batch = None
+        self.drop_last = True
+        if isinstance(source, h5py.File):
+            self.path = source.filename
+            info = _inspect(source, self.path)
+        else:
+            self.path = os.fspath(source)
+            if not os.path.exists(self.path):
+                raise FileNotFoundError(f"HDF5 file {self.path!r} does not exist.")
+            with h5py.File(self.path, "r") as f:
+                info = _inspect(f, self.path)
+        self.n, shapes = info
+        if keys is not None:
+            missing = [k for k in keys if k not in shapes]
+            if missing:
+                raise KeyError(f"{self.path!r} has no dataset(s) {missing} at its root; it has "
+                               f"{sorted(shapes)}.")
+            shapes = {k: shapes[k] for k in keys}
+        self.schema = shapes
+
+    # -- set-up by the trainer ---------------------------------------------
+    def configure(self, batch: int, training: bool, seed: int, strategy, required=()) -> None:
+        """Bind to a trainer's global batch, stage and strategy (called by
+        ``trainer.set_loader``)."""
+        import h5py
+        missing = [k for k in required if k not in self.schema]
+        if missing:
+            raise KeyError(f"{self.path!r} lacks the dataset(s) {missing} that training needs; "
+                           f"it has {sorted(self.schema)}.")
+        if isinstance(self.source, h5py.File) and strategy.process_count > 1:
+            raise ValueError(
+                f"An open h5py.File cannot be shared by the {strategy.process_count} processes "
+                f"of this run: pass the file path ({self.path!r}) instead, so that each process "
+                f"opens its own read-only handle.")
+        strategy.check_batch(batch)
+        if training and self.n < batch:
+            raise ValueError(f"{self.path!r} has {self.n} structures, fewer than batch={batch}.")
+        self.batch = batch
+        self.drop_last = training
+        if self.shuffle is None:
+            self.shuffle = training
+        if self.seed is None:
+            self.seed = seed
+
+    def __len__(self) -> int:
+        return n_batches(self.n, self.batch, self.drop_last)
+
+    # -- reading -------------------------------------------------------------
+    def _open(self):
+        """Open the file read-only for one epoch (one handle per process)."""
+        import h5py
+        if isinstance(self.source, h5py.File):
+            return _Borrowed(self.source)
+        return h5py.File(self.path, "r")
+
+    def _plan(self, strategy, epoch):
+        """(rows to read, validity) of this process for every batch."""
+        rows = strategy.local_rows(self.batch)
+        for idx, valid in global_batches(self, epoch):
+            yield idx[rows], valid[rows]
+
+    def _read(self, f, idx: np.ndarray) -> dict:
+        unique, inverse = np.unique(idx, return_inverse=True)  # h5py wants increasing indices
+        return {k: f[k][unique][inverse] for k in self.schema}
+
+    def local_batches(self, strategy, epoch: int = 0) -> Iterator[dict]:
+        """Yield this process's rows of every batch of an epoch (numpy), read
+        ahead in a background thread."""
+        q: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+        plan = list(self._plan(strategy, epoch))
+
+        def put(item):
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def work():
+            try:
+                with self._open() as f:
+                    for idx, valid in plan:
+                        local = self._read(f, idx)
+                        local[VALID] = valid
+                        if not put(local):
+                            return
+                put(_END)
+            except BaseException as e:  # reaches the training thread
+                put(_Failure(e))
+
+        thread = threading.Thread(target=work, name="chemtrain-hdf5-reader", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = q.get()
+                if item is _END:
+                    break
+                if isinstance(item, _Failure):
+                    raise item.exc
+                yield item
+        finally:
+            stop.set()
+            thread.join(timeout=10)
+
+
+class _Borrowed:
+    """Context manager that lends an open file without closing it."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def __enter__(self):
+        return self.f
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _inspect(f, path) -> tuple[int, dict]:
+    """Number of rows and {name: (row shape, dtype)} of the root datasets."""
+    import h5py
+    datasets = {k: v for k, v in f.items() if isinstance(v, h5py.Dataset)}
+    if not datasets:
+        nested = []
+        f.visititems(lambda name, obj: nested.append(name) if isinstance(obj, h5py.Dataset) else None)
+        where = f" (found datasets only inside groups: {nested[:5]})" if nested else ""
+        raise ValueError(f"{path!r} has no datasets at its root{where}. The loader expects one "
+                         f"dataset per quantity at the root, one row per structure; write them "
+                         f"there, e.g. with python -m chemtrain.data.convert.")
+    lengths = {k: (v.shape[0] if v.shape else None) for k, v in datasets.items()}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"{path!r}: the root datasets must have equal length (one row per "
+                         f"structure), got lengths {lengths}.")
+    n = next(iter(lengths.values()))
+    return n, {k: (tuple(v.shape[1:]), v.dtype.str) for k, v in datasets.items()}

@@ -1,0 +1,285 @@
+"""HDF5ParallelDataLoader: own rows only, same results as in memory,
+prefetch in a thread, errors, conversion, memory."""
+import json
+import os
+import time
+
+import h5py
+import jax
+import numpy as np
+import optax
+import pytest
+from jax.sharding import Mesh
+
+import mp
+from chemtrain.data import HDF5ParallelDataLoader, split_dataset
+from chemtrain.data.convert import convert
+from chemtrain.parallel import make_strategy
+from chemtrain.trainers import ForceMatching
+from problems import FIXED, lj_fluid, mlp_problem, tree_rel_err, write_h5
+from test_multiprocess import check_run, reference  # noqa: F401  (fixture)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    data, box, _ = lj_fluid()
+    parts = split_dataset(data, FIXED["train_ratio"], FIXED["val_ratio"])
+    d = tmp_path_factory.mktemp("h5")
+    return (write_h5(d / "train.h5", parts["training"], box=box),
+            write_h5(d / "val.h5", parts["validation"], box=box), parts)
+
+
+def trainer(tmp_path, parallelism="single", mesh=None, **kw):
+    _, params, template, nbrs = mlp_problem()
+    return ForceMatching(params, optax.chain(optax.adam(1e-3)), template, nbrs,
+                         batch=kw.pop("batch", FIXED["batch"]), parallelism=parallelism, mesh=mesh,
+                         gammas=FIXED["gammas"], progress=False, checkpoint_path=str(tmp_path), **kw)
+
+
+@pytest.mark.parametrize("n_dev", [1, 2])
+def test_hdf5_training_equals_in_memory(files, tmp_path, n_dev):
+    train, val, parts = files
+    mesh = Mesh(np.array(jax.devices()[:n_dev]), ("data",)) if n_dev > 1 else None
+    par = "jax" if mesh else "single"
+    a = trainer(tmp_path / "a", par, mesh)
+    a.set_dataset(parts["training"], "training")
+    a.set_dataset(parts["validation"], "validation")
+    a.train(FIXED["epochs"])
+    b = trainer(tmp_path / "b", par, mesh)
+    b.set_loader(HDF5ParallelDataLoader(train), "training")
+    b.set_loader(HDF5ParallelDataLoader(val), "validation")
+    b.train(FIXED["epochs"])
+    assert b.step == a.step == 10
+    assert tree_rel_err(b.params, a.params) < 1e-6
+    np.testing.assert_allclose(b.train_losses, a.train_losses, rtol=1e-6)
+    np.testing.assert_allclose(b.val_losses, a.val_losses, rtol=1e-6)
+    assert tree_rel_err(a.params, mlp_problem()[1]) > 1e-4  # training moved the parameters
+
+
+def expected_reads(n, batch, n_procs, epochs, seed=0):
+    """Rows each process must read, from the documented order contract:
+    numpy.random.default_rng([seed, epoch]).permutation(n), batch after batch,
+    process p takes the p-th contiguous block of every batch."""
+    per = batch // n_procs
+    out = {p: [] for p in range(n_procs)}
+    for epoch in range(epochs):
+        order = np.random.default_rng([seed, epoch]).permutation(n)
+        for b in range(n // batch):
+            glob = order[b * batch:(b + 1) * batch]
+            for p in range(n_procs):
+                out[p].append(sorted(glob[p * per:(p + 1) * per].tolist()))
+    return out
+
+
+def check_reads(out_dir, n_procs, n_train, n_val):
+    batch, per = FIXED["batch"], FIXED["batch"] // n_procs
+    exp = expected_reads(n_train, batch, n_procs, FIXED["epochs"])
+    together = None
+    for p in range(n_procs):
+        reads = json.load(open(os.path.join(out_dir, f"reads_{p}.json")))
+        assert {key for _, key, _ in reads} == {"R", "U", "F"}
+        for key in ("R", "U", "F"):
+            train = [sorted(rows) for f, k, rows in reads if f == "train.h5" and k == key]
+            assert train == exp[p], (p, key)  # its own block of every batch, nothing else
+            val = [rows for f, k, rows in reads if f == "val.h5" and k == key]
+            # evaluation in order; the last batch (12 % 4 == 0: none partial here)
+            want = [list(range(b * batch + p * per, b * batch + (p + 1) * per))
+                    for b in range(n_val // batch)] * FIXED["epochs"]
+            assert val == want, (p, key)
+        t = [set(r) for f, k, r in reads if f == "train.h5" and k == "R"]
+        together = t if together is None else [a | b for a, b in zip(together, t)]
+    # together the processes read each whole batch, every training row once per epoch
+    assert all(len(s) == batch for s in together)
+    for e in range(FIXED["epochs"]):
+        epoch_rows = set().union(*together[e * (n_train // batch):(e + 1) * (n_train // batch)])
+        assert epoch_rows == set(range(n_train))
+
+
+def test_read_accounting_mpi(files, tmp_path, reference):
+    train, val, parts = files
+    rc, out, _ = mp.mpirun(2, [os.path.join(mp.HERE, "hdf5_run.py"), "--train", train, "--val", val,
+                               "--out", str(tmp_path), "--parallelism", "mpi"])
+    assert rc == 0, out[-4000:]
+    check_reads(tmp_path, 2, len(parts["training"]["R"]), len(parts["validation"]["R"]))
+    final = dict(np.load(tmp_path / "final.npz"))
+    for k, v in reference[0].items():  # same parameters as in memory on one device
+        assert np.max(np.abs(final[k] - v)) / np.max(np.abs(v)) < 1e-6
+
+
+def test_read_accounting_jax_distributed(files, tmp_path, reference):
+    train, val, parts = files
+    codes, out = mp.distributed(2, ["--train", train, "--val", val, "--out", str(tmp_path),
+                                    "--parallelism", "jax"], script="hdf5_run.py")
+    assert codes == [0, 0], out[-4000:]
+    check_reads(tmp_path, 2, len(parts["training"]["R"]), len(parts["validation"]["R"]))
+    final = dict(np.load(tmp_path / "final.npz"))
+    for k, v in reference[0].items():
+        assert np.max(np.abs(final[k] - v)) / np.max(np.abs(v)) < 1e-6
+
+
+def test_open_file_refused_in_multi_process_run(files, tmp_path):
+    train, val, _ = files
+    rc, out, _ = mp.mpirun(2, [os.path.join(mp.HERE, "hdf5_run.py"), "--train", train,
+                               "--out", str(tmp_path), "--parallelism", "mpi", "--open-file"])
+    assert rc != 0 and "cannot be shared by the 2 processes" in out and "pass the file path" in out
+
+
+def test_open_file_accepted_in_single_process(files, tmp_path):
+    train, _, _ = files
+    tr = trainer(tmp_path)
+    with h5py.File(train, "r") as f:
+        tr.set_loader(HDF5ParallelDataLoader(f), "training")
+        tr.train(1)
+        assert f.id.valid  # the loader does not close a borrowed file
+
+
+class Slow(HDF5ParallelDataLoader):
+    delay = 0.0
+    fail_at = -1
+
+    def _read(self, f, idx):
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls - 1 == self.fail_at:
+            raise OSError("simulated disk error")
+        time.sleep(self.delay)
+        return super()._read(f, idx)
+
+
+def epoch_time(tr, epochs=3):
+    times = []
+    for _ in range(epochs):
+        t = time.perf_counter()
+        tr.train(1)
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def test_prefetch_overlaps_reading_with_compute(tmp_path):
+    data, box, _ = lj_fluid()
+    train = write_h5(tmp_path / "t.h5", {k: np.concatenate([v] * 4) for k, v in data.items()})
+    tr = trainer(tmp_path, batch=4)  # 192 rows: 48 steps per epoch
+    tr.set_loader(Slow(train), "training")
+    tr.train(1)  # compile
+    compute = epoch_time(tr)  # reads nearly free
+    steps = len(tr._loaders["training"])
+    slow = Slow(train, prefetch=2)
+    slow.delay = compute / steps  # a read as long as a step
+    tr.set_loader(slow, "training")
+    both = epoch_time(tr)
+    serial = compute + steps * slow.delay
+    print(f"compute {compute:.3f} s, reads {steps * slow.delay:.3f} s, epoch with both {both:.3f} s")
+    assert both < 0.8 * serial, (both, serial)
+
+
+def test_worker_exception_reaches_training_thread(files, tmp_path):
+    train, _, _ = files
+    tr = trainer(tmp_path)
+    bad = Slow(train)
+    bad.fail_at = 2
+    tr.set_loader(bad, "training")
+    with pytest.raises(OSError, match="simulated disk error") as info:
+        tr.train(1)
+    frames = [f.name for f in info.traceback]
+    assert "_read" in frames  # the original traceback from the reader thread
+    assert tr.step == 0 and len(tr.train_losses) == 0
+
+
+def test_bad_files(tmp_path, files):
+    train, _, parts = files
+    with pytest.raises(FileNotFoundError, match="missing.h5"):
+        HDF5ParallelDataLoader(str(tmp_path / "missing.h5"))
+    unequal = dict(parts["training"], U=parts["training"]["U"][:-1])
+    with pytest.raises(ValueError, match=r"equal length.*'U': 19"):
+        HDF5ParallelDataLoader(write_h5(tmp_path / "unequal.h5", unequal))
+    with h5py.File(tmp_path / "nested.h5", "w") as f:
+        f.create_dataset("train/R", data=parts["training"]["R"])
+    with pytest.raises(ValueError, match=r"no datasets at its root.*train/R"):
+        HDF5ParallelDataLoader(str(tmp_path / "nested.h5"))
+    no_f = {k: v for k, v in parts["training"].items() if k != "F"}
+    loader = HDF5ParallelDataLoader(write_h5(tmp_path / "nof.h5", no_f))
+    with pytest.raises(KeyError, match=r"lacks the dataset\(s\) \['F'\]"):
+        trainer(tmp_path).set_loader(loader, "training")
+    with pytest.raises(KeyError, match=r"no dataset\(s\) \['Q'\]"):
+        HDF5ParallelDataLoader(train, keys=["R", "Q"])
+    four = make_strategy("jax", Mesh(np.array(jax.devices()[:4]), ("data",)))
+    with pytest.raises(ValueError, match=r"batch=6 is not divisible by the number of shards \(4"):
+        HDF5ParallelDataLoader(train).configure(6, training=True, seed=0, strategy=four)
+
+
+def test_convert_npz_round_trip(tmp_path):
+    rng = np.random.default_rng(0)
+    n, atoms = 37, 5
+    R, F = rng.normal(size=(n, atoms, 3)) * 3, rng.normal(size=(n, atoms, 3))
+    E, z = rng.normal(size=(n, 1)) * 10, np.array([6, 1, 1, 8, 1])
+    np.savez(tmp_path / "md22.npz", R=R, F=F, E=E, z=z)
+    summary = convert(str(tmp_path / "md22.npz"), str(tmp_path / "out.h5"), chunk=8, progress=False)
+    assert summary["structures"] == n
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        assert f.attrs["length_unit"] == "nm" and f.attrs["energy_unit"] == "kJ/mol"
+    loader = HDF5ParallelDataLoader(str(tmp_path / "out.h5"))
+    loader.configure(8, training=False, seed=0, strategy=make_strategy("single"))
+    rows = list(loader.local_batches(make_strategy("single")))
+    got = {k: np.concatenate([r[k] for r in rows])[:n] for k in ("R", "F", "U", "species", "mask")}
+    np.testing.assert_allclose(got["R"], R * 0.1)
+    np.testing.assert_allclose(got["U"], E[:, 0] * 4.184)
+    np.testing.assert_allclose(got["F"], F * 4.184 / 0.1)
+    assert (got["species"] == z).all() and got["mask"].all()
+    valid = np.concatenate([r["_valid"] for r in rows])
+    assert valid.sum() == n and len(valid) == 40  # last partial batch padded and masked
+
+
+def test_convert_extxyz_pads_and_keeps_cells(tmp_path):
+    from ase import Atoms
+    from ase.calculators.singlepoint import SinglePointCalculator
+    import ase.io
+    rng = np.random.default_rng(1)
+    images = []
+    for n in (3, 5, 4):
+        a = Atoms("C" * n, positions=rng.normal(size=(n, 3)), cell=np.eye(3) * 10, pbc=True)
+        a.calc = SinglePointCalculator(a, energy=float(n), forces=rng.normal(size=(n, 3)))
+        images.append(a)
+    ase.io.write(tmp_path / "x.extxyz", images)
+    images = ase.io.read(tmp_path / "x.extxyz", ":")  # as stored (text precision)
+    convert(str(tmp_path / "x.extxyz"), str(tmp_path / "x.h5"), progress=False)
+    with h5py.File(tmp_path / "x.h5", "r") as f:
+        assert f["R"].shape == (3, 5, 3)
+        np.testing.assert_array_equal(f["mask"][:].sum(1), [3, 5, 4])
+        np.testing.assert_allclose(f["U"][:], np.array([3.0, 5.0, 4.0]) * 96.48533212)
+        np.testing.assert_allclose(f["box"][0], np.eye(3) * 1.0)
+        np.testing.assert_allclose(f["F"][0, :3], images[0].get_forces() * 964.8533212)
+        np.testing.assert_allclose(f["R"][2, :4], images[2].positions * 0.1)
+        assert (f["R"][0, 3:] == 0).all()
+
+
+def test_convert_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        convert(str(tmp_path / "nope.npz"), str(tmp_path / "o.h5"))
+    np.savez(tmp_path / "bad.npz", R=np.zeros((2, 3, 3)))
+    with pytest.raises(KeyError, match=r"lacks the key\(s\) \['z', 'E', 'F'\]"):
+        convert(str(tmp_path / "bad.npz"), str(tmp_path / "o.h5"))
+    assert not os.path.exists(tmp_path / "o.h5")
+
+
+def test_peak_memory_does_not_grow_with_the_file(tmp_path):
+    """One epoch from a file 10x larger raises each rank's peak RSS by < 10 %."""
+    data, box, _ = lj_fluid()
+    # 32 atoms, float64 R and F: 1.5 kB per row. Reading the whole big file
+    # into memory would add 110 MB to a ~700 MB process (+16 %): the test can fail.
+    small = {k: np.concatenate([v] * 150) for k, v in data.items()}    # 7,200 rows, 11 MB
+    big = {k: np.concatenate([v] * 1500) for k, v in data.items()}     # 72,000 rows, 110 MB
+    peaks = {}
+    for name, d in (("small", small), ("big", big)):
+        path = write_h5(tmp_path / f"{name}.h5", d, box=box)
+        out_dir = tmp_path / name
+        out_dir.mkdir()
+        rc, out, _ = mp.mpirun(2, [os.path.join(mp.HERE, "hdf5_run.py"), "--train", path,
+                                   "--out", str(out_dir), "--parallelism", "mpi", "--rss-model"],
+                               timeout=600)
+        assert rc == 0, out[-3000:]
+        peaks[name] = {r: int((out_dir / f"rss_{r}.txt").read_text()) for r in (0, 1)}
+    print("peak RSS (kB)", peaks)
+    file_mb = os.path.getsize(tmp_path / "big.h5") / 2**20
+    for rank in (0, 1):
+        growth = peaks["big"][rank] / peaks["small"][rank] - 1
+        assert growth < 0.10, (rank, growth, file_mb)
+    assert file_mb > 0.15 * peaks["small"][0] / 1024  # the big file is large against the process
