@@ -23,7 +23,8 @@ class LoggedDataset:
         self.ds, self.log, self.where = ds, log, where
 
     def __getitem__(self, sel):
-        self.log.append((*self.where, [int(i) for i in sel]))
+        rows = range(sel.start, sel.stop) if isinstance(sel, slice) else sel
+        self.log.append((*self.where, [int(i) for i in rows]))
         return self.ds[sel]
 
 
@@ -83,6 +84,10 @@ def main():
     class Logged(HDF5ParallelDataLoader):
         def _open(self):
             return LoggedFile(h5py.File(self.path, "r"), reads)
+
+        def _read(self, f, idx):
+            reads.append((os.path.basename(self.path), "batch", []))  # a batch starts
+            return super()._read(f, idx)
 
     source = h5py.File(args.train, "r") if args.open_file else args.train
     tr.set_loader(Logged(source), "training")

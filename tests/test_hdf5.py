@@ -71,12 +71,27 @@ def expected_reads(n, batch, n_procs, epochs, seed=0):
     return out
 
 
+def batches_read(log):
+    """[(file, key, rows read for one batch)] from the wrapper's log, where
+    each batch starts with a marker and a dataset may be read in several slices."""
+    out = []
+    for f, key, rows in log:
+        if key == "batch":
+            out_batch = {}
+            continue
+        if key not in out_batch:
+            out_batch[key] = []
+            out.append((f, key, out_batch[key]))
+        out_batch[key].extend(rows)
+    return out
+
+
 def check_reads(out_dir, n_procs, n_train, n_val):
     batch, per = FIXED["batch"], FIXED["batch"] // n_procs
     exp = expected_reads(n_train, batch, n_procs, FIXED["epochs"])
     together = None
     for p in range(n_procs):
-        reads = json.load(open(os.path.join(out_dir, f"reads_{p}.json")))
+        reads = batches_read(json.load(open(os.path.join(out_dir, f"reads_{p}.json"))))
         assert {key for _, key, _ in reads} == {"R", "U", "F"}
         for key in ("R", "U", "F"):
             train = [sorted(rows) for f, k, rows in reads if f == "train.h5" and k == key]

@@ -113,8 +113,17 @@ class HDF5ParallelDataLoader:
             yield idx[rows], valid[rows]
 
     def _read(self, f, idx: np.ndarray) -> dict:
-        unique, inverse = np.unique(idx, return_inverse=True)  # h5py wants increasing indices
-        return {k: f[k][unique][inverse] for k in self.schema}
+        """Read rows ``idx`` of every dataset, one slice per run of
+        consecutive rows (much faster in h5py than a point selection)."""
+        unique, inverse = np.unique(idx, return_inverse=True)
+        cuts = np.nonzero(np.diff(unique) != 1)[0] + 1
+        runs = [(int(r[0]), int(r[-1]) + 1) for r in np.split(unique, cuts)]
+        out = {}
+        for k in self.schema:
+            ds = f[k]
+            rows = [ds[a:b] for a, b in runs]
+            out[k] = (rows[0] if len(rows) == 1 else np.concatenate(rows))[inverse]
+        return out
 
     def local_batches(self, strategy, epoch: int = 0) -> Iterator[dict]:
         """Yield this process's rows of every batch of an epoch (numpy), read
