@@ -42,14 +42,17 @@ def main():
     import numpy as np
     import optax
 
-    from chemtrain.parallel import mpi_world_size, resolve
+    from chemtrain.parallel import resolve
     from chemtrain.trainers import ForceMatching
     from problems import FIXED, mlp_model
 
-    if args.report_only:
-        print("RESOLVED", resolve(args.parallelism), flush=True)
-        return
     rank = int(os.environ.get("PMI_RANK", args.process_id))
+    if args.report_only:  # one file per process: ranks share one stdout pipe
+        name = resolve(args.parallelism)
+        with open(os.path.join(args.out, f"resolved_{rank}.txt"), "w") as f:
+            f.write(name)
+        print("RESOLVED", name, flush=True)
+        return
     with np.load(args.data) as z:  # lazy: only the arrays read here are loaded
         box, R0 = float(z["box"]), z["R0"]
         root_loads = args.parallelism != "mpi" or rank == 0
@@ -71,7 +74,8 @@ def main():
     host = {"params": tr.strategy.to_host(tr.params), "opt_state": tr.strategy.to_host(tr.opt_state)}
     flat = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_flatten_with_path(host)[0]}
     np.savez(os.path.join(args.out, f"init_{proc}.npz"), **flat)
-    print("STRATEGY", tr.strategy.name, tr.strategy.n_shards, flush=True)
+    with open(os.path.join(args.out, f"strategy_{proc}.txt"), "w") as f:
+        f.write(f"{tr.strategy.name} {tr.strategy.n_shards}")
     tr.set_datasets(data, train_ratio=FIXED["train_ratio"], val_ratio=FIXED["val_ratio"])
     if proc == args.fail_rank:
         loader = tr._loaders["training"]
