@@ -108,12 +108,39 @@ def test_neighbor_overflow_stops_with_last_good_state(tmp_path):
     tr.set_datasets(data, train_ratio=0.5)
     with pytest.raises(TrainingError, match="neighbor list overflowed"):
         tr.train(1)
+    assert tr.step == 0 and tr.epoch == 0
     for a, b in zip(jax.tree.leaves(tr.params), jax.tree.leaves(params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     error_file = tmp_path / "error_state.npz"
     assert error_file.exists()
     with pytest.raises(CheckpointError, match="for diagnosis, not for resuming"):
         tr.restore(str(error_file))
+
+
+def test_non_finite_loss_mid_epoch_keeps_applied_steps(tmp_path):
+    """A loss that turns NaN after some good steps stops training; the steps
+    before it stay applied and are counted."""
+    data, params, template, nbrs = mlp_problem()
+
+    def poisoned(p):
+        energy = template(p)
+        # NaN energy whenever the first bias has moved far from its start
+        bad = jnp.abs(p["layers"][0]["b"][0] - params["layers"][0]["b"][0]) > 5e-3
+        return lambda R, neighbor, **kw: jnp.where(bad, jnp.nan, energy(R, neighbor, **kw))
+
+    tr = ForceMatching(params, optax.sgd(1e-3), poisoned, nbrs, batch=4, parallelism="single",
+                       progress=False, checkpoint_path=str(tmp_path))
+    tr.set_datasets(data, train_ratio=1.0, val_ratio=0.0)
+    with pytest.raises(TrainingError, match="The loss is nan") as info:
+        tr.train(5)
+    import re
+    index, epoch = map(int, re.search(r"in step (\d+) of epoch (\d+)", str(info.value)).groups())
+    steps_per_epoch = 48 // 4
+    # the failed step and the one after it (same parameters, also NaN) were not applied
+    assert tr.step == epoch * steps_per_epoch + index > 0
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(tr.params))
+    assert not np.array_equal(tr.params["layers"][0]["b"], params["layers"][0]["b"])
+    assert (tmp_path / "error_state.npz").exists()
 
 
 def test_checkpoint_from_other_world_size_and_garbage(tmp_path):

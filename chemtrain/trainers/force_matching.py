@@ -116,7 +116,7 @@ class ForceMatching:
         self.train_losses: list[float] = []
         self.val_losses: list[float] = []
         self.history: list[dict] = []
-        self._loaders: dict[str, InMemoryLoader] = {}
+        self._loaders: dict = {}  # stage -> loader with local_batches(strategy, epoch)
 
         exclude = {"R", *fm.TARGETS, VALID, *self.weights_keys.values()}
         predict = fm.make_predictor(energy_fn_template, nbrs_init, self.strategy.vary)
@@ -233,11 +233,11 @@ class ForceMatching:
                 if self.consistency_check_every and (self.step + len(stats)) % self.consistency_check_every == 0:
                     self.check_consistency()
                 if len(stats) > 1:  # check the previous step while this one runs
-                    bar.set_postfix(loss=f"{self._check_step(stats[-2], epoch, len(stats) - 2):.4g}")
+                    bar.set_postfix(loss=f"{self._check_step(stats, len(stats) - 2, epoch):.4g}")
                 bar.update()
             bar.close()
             if stats:
-                self._check_step(stats[-1], epoch, len(stats) - 1)
+                self._check_step(stats, len(stats) - 1, epoch)
             self.step += len(stats)
             host = self.strategy.to_host(stats)
             train_loss = float(np.mean([s["loss"] for s in host]))
@@ -261,10 +261,16 @@ class ForceMatching:
             if checkpoint_freq and self.epoch % checkpoint_freq == 0:
                 self.save_checkpoint(os.path.join(self.checkpoint_path, f"epoch_{self.epoch:05d}.npz"))
 
-    def _check_step(self, stats, epoch, index) -> float:
-        ok, loss, nbr_errors = self.strategy.to_host((stats["ok"], stats["loss"], stats["nbr_errors"]))
+    def _check_step(self, stats, index, epoch) -> float:
+        """Loss of step ``index`` of this epoch's ``stats``; on a failed step
+        write the error state and raise."""
+        ok, loss, nbr_errors = self.strategy.to_host(
+            (stats[index]["ok"], stats[index]["loss"], stats[index]["nbr_errors"]))
         if bool(ok):
             return float(loss)
+        # steps before this one were applied, this one not; count the later ones that were
+        later = self.strategy.to_host([s["ok"] for s in stats[index + 1:]])
+        self.step += index + int(np.sum(later))
         if int(nbr_errors):
             msg = (f"The neighbor list overflowed (or saw an invalid box) for {int(nbr_errors)} "
                    f"structure(s) in step {index} of epoch {epoch}. Allocate nbrs_init on the "
