@@ -30,6 +30,7 @@ def main():
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--check-no-mpi", action="store_true")
+    p.add_argument("--diverge", action="store_true", help="perturb one leaf on process 1")
     args = p.parse_args()
 
     import jax
@@ -77,6 +78,8 @@ def main():
     with open(os.path.join(args.out, f"strategy_{proc}.txt"), "w") as f:
         f.write(f"{tr.strategy.name} {tr.strategy.n_shards}")
     tr.set_datasets(data, train_ratio=FIXED["train_ratio"], val_ratio=FIXED["val_ratio"])
+    if args.diverge and proc == 1:
+        tr.params["layers"][1]["w"] = tr.params["layers"][1]["w"] + 1e-12
     if proc == args.fail_rank:
         loader = tr._loaders["training"]
         original = loader.local_batches

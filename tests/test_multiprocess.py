@@ -121,6 +121,15 @@ def test_failure_on_one_rank_stops_all(data_file, tmp_path):
     assert seconds < 60, seconds
 
 
+def test_consistency_check_names_the_diverged_leaf(data_file, tmp_path):
+    rc, out, _ = mp.mpirun(2, [os.path.join(mp.HERE, "mp_run.py"), "--data", data_file,
+                               "--out", str(tmp_path), "--parallelism", "mpi", "--diverge"])
+    assert rc != 0
+    assert "Replicas diverged after step 5" in out
+    assert "['params']['layers'][1]['w'] differs between process" in out
+    assert "DONE" not in out
+
+
 def test_rank_with_two_devices(data_file, tmp_path):
     rc, out, _ = mp.mpirun(2, [os.path.join(mp.HERE, "mp_run.py"), "--data", data_file,
                                "--out", str(tmp_path), "--parallelism", "mpi"], devices=2)

@@ -230,8 +230,9 @@ class ForceMatching:
             for batch in self._batches(loader, epoch):
                 self.params, self.opt_state, s = self._update(self.params, self.opt_state, batch)
                 stats.append(s)
-                if self.consistency_check_every and (self.step + len(stats)) % self.consistency_check_every == 0:
-                    self.check_consistency()
+                done = self.step + len(stats)
+                if self.consistency_check_every and done % self.consistency_check_every == 0:
+                    self.check_consistency(done)
                 if len(stats) > 1:  # check the previous step while this one runs
                     bar.set_postfix(loss=f"{self._check_step(stats, len(stats) - 2, epoch):.4g}")
                 bar.update()
@@ -301,7 +302,7 @@ class ForceMatching:
                 f.write(json.dumps(record) + "\n")
 
     # -- evaluation ---------------------------------------------------------
-    def check_consistency(self) -> None:
+    def check_consistency(self, step: int | None = None) -> None:
         """Compare checksums of every parameter and optimizer-state leaf across
         processes; raise naming the first leaf whose replicas differ."""
         flat, _ = jax.tree_util.tree_flatten_with_path(
@@ -312,7 +313,7 @@ class ForceMatching:
             diff = np.nonzero(np.asarray(other) != sums)[0]
             if diff.size:
                 raise TrainingError(
-                    f"Replicas diverged after step {self.step}: "
+                    f"Replicas diverged after step {self.step if step is None else step}: "
                     f"{jax.tree_util.keystr(flat[diff[0]][0])} differs between process "
                     f"{self.strategy.process_index} and process {proc} "
                     f"({diff.size} leaf/leaves differ in all).")
