@@ -279,9 +279,9 @@ def test_peak_memory_does_not_grow_with_the_file(tmp_path):
     """One epoch from a file 10x larger raises each rank's peak RSS by < 10 %."""
     data, box, _ = lj_fluid()
     # 32 atoms, float64 R and F: 1.5 kB per row. Reading the whole big file
-    # into memory would add 110 MB to a ~700 MB process (+16 %): the test can fail.
-    small = {k: np.concatenate([v] * 150) for k, v in data.items()}    # 7,200 rows, 11 MB
-    big = {k: np.concatenate([v] * 1500) for k, v in data.items()}     # 72,000 rows, 110 MB
+    # into memory would add 130 MB to a ~750 MB process (+17 %): the test can fail.
+    small = {k: np.concatenate([v] * 180) for k, v in data.items()}    # 8,640 rows, 13 MB
+    big = {k: np.concatenate([v] * 1800) for k, v in data.items()}     # 86,400 rows, 130 MB
     peaks = {}
     for name, d in (("small", small), ("big", big)):
         path = write_h5(tmp_path / f"{name}.h5", d, box=box)
@@ -297,4 +297,5 @@ def test_peak_memory_does_not_grow_with_the_file(tmp_path):
     for rank in (0, 1):
         growth = peaks["big"][rank] / peaks["small"][rank] - 1
         assert growth < 0.10, (rank, growth, file_mb)
-    assert file_mb > 0.15 * peaks["small"][0] / 1024  # the big file is large against the process
+    # the big file is large against the process: holding it would exceed the bound
+    assert file_mb > 0.12 * max(peaks["small"].values()) / 1024

@@ -130,7 +130,7 @@ class HDF5ParallelDataLoader:
         ahead in a background thread."""
         q: queue.Queue = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
-        plan = list(self._plan(strategy, epoch))
+        plan = self._plan(strategy, epoch)  # a generator: O(1) memory per epoch
 
         def put(item):
             while not stop.is_set():

@@ -31,6 +31,9 @@ log = logging.getLogger("chemtrain")
 STAGES = ("training", "validation", "testing")
 
 
+_add = jax.jit(lambda a, b: jax.tree.map(lambda x, y: x + y, a, b))
+
+
 class TrainingError(RuntimeError):
     """A training step failed (non-finite loss, neighbor-list overflow).
 
@@ -224,25 +227,28 @@ class ForceMatching:
                               disable=not (root and self.progress), position=0)
         for epoch in epochs:
             start = time.perf_counter()
-            stats = []
+            n_steps, total, prev = 0, None, None  # memory stays flat however long the epoch
             bar = progress_bar(total=len(loader), desc=f"epoch {epoch}", leave=False,
                                disable=not (root and self.progress), position=1)
             for batch in self._batches(loader, epoch):
                 self.params, self.opt_state, s = self._update(self.params, self.opt_state, batch)
-                stats.append(s)
-                done = self.step + len(stats)
+                summed = {"loss": s["loss"], "parts": s["parts"]}
+                total = summed if total is None else _add(total, summed)
+                n_steps += 1
+                done = self.step + n_steps
                 if self.consistency_check_every and done % self.consistency_check_every == 0:
                     self.check_consistency(done)
-                if len(stats) > 1:  # check the previous step while this one runs
-                    bar.set_postfix(loss=f"{self._check_step(stats, len(stats) - 2, epoch):.4g}")
+                if prev is not None:  # check the previous step while this one runs
+                    bar.set_postfix(loss=f"{self._check_step(prev, s, n_steps - 2, epoch):.4g}")
+                prev = s
                 bar.update()
             bar.close()
-            if stats:
-                self._check_step(stats, len(stats) - 1, epoch)
-            self.step += len(stats)
-            host = self.strategy.to_host(stats)
-            train_loss = float(np.mean([s["loss"] for s in host]))
-            parts = {t: float(np.mean([s["parts"][t] for s in host])) for t in self.gammas}
+            if prev is not None:
+                self._check_step(prev, None, n_steps - 1, epoch)
+            self.step += n_steps
+            host = self.strategy.to_host(total)
+            train_loss = float(host["loss"]) / n_steps
+            parts = {t: float(host["parts"][t]) / n_steps for t in self.gammas}
             self.train_losses.append(train_loss)
             record = {"epoch": epoch, "step": self.step, "train_loss": train_loss, "train_parts": parts}
             monitored = train_loss
@@ -262,16 +268,15 @@ class ForceMatching:
             if checkpoint_freq and self.epoch % checkpoint_freq == 0:
                 self.save_checkpoint(os.path.join(self.checkpoint_path, f"epoch_{self.epoch:05d}.npz"))
 
-    def _check_step(self, stats, index, epoch) -> float:
-        """Loss of step ``index`` of this epoch's ``stats``; on a failed step
-        write the error state and raise."""
-        ok, loss, nbr_errors = self.strategy.to_host(
-            (stats[index]["ok"], stats[index]["loss"], stats[index]["nbr_errors"]))
+    def _check_step(self, stats, later, index, epoch) -> float:
+        """Loss of step ``index`` of this epoch (its ``stats``); on a failed
+        step write the error state and raise. ``later`` are the stats of the
+        step dispatched after it, if any."""
+        ok, loss, nbr_errors = self.strategy.to_host((stats["ok"], stats["loss"], stats["nbr_errors"]))
         if bool(ok):
             return float(loss)
-        # steps before this one were applied, this one not; count the later ones that were
-        later = self.strategy.to_host([s["ok"] for s in stats[index + 1:]])
-        self.step += index + int(np.sum(later))
+        # steps before this one were applied, this one not; the later one may have been
+        self.step += index + (int(self.strategy.to_host(later["ok"])) if later is not None else 0)
         if int(nbr_errors):
             msg = (f"The neighbor list overflowed (or saw an invalid box) for {int(nbr_errors)} "
                    f"structure(s) in step {index} of epoch {epoch}. Allocate nbrs_init on the "
