@@ -9,6 +9,7 @@ each rank its contiguous rows of every batch.
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 
 import jax
@@ -131,6 +132,9 @@ class MpiStrategy(Strategy):
         sys.stderr.write(f"chemtrain: rank {self.process_index} of {self.n_shards} failed; "
                          f"aborting all ranks.\n{message}\n")
         sys.stderr.flush()
+        # Give the launcher a moment to forward the message: once any rank
+        # aborts, mpirun tears the job down and may drop unread output.
+        time.sleep(1.0)
         self.comm.Abort(1)
 
     def failure_guard(self):
