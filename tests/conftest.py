@@ -10,3 +10,22 @@ import jax  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory):
+    """The fixed problem trained in this process on one device."""
+    import optax
+    from chemtrain.trainers import ForceMatching
+    from problems import FIXED, mlp_problem
+    data, params, template, nbrs = mlp_problem()
+    tr = ForceMatching(params, optax.chain(optax.adam(1e-3)), template, nbrs,
+                       batch=FIXED["batch"], parallelism="single", gammas=FIXED["gammas"],
+                       progress=False, checkpoint_path=str(tmp_path_factory.mktemp("ref")))
+    tr.set_datasets(data, train_ratio=FIXED["train_ratio"], val_ratio=FIXED["val_ratio"])
+    tr.train(FIXED["epochs"])
+    flat = jax.tree_util.tree_flatten_with_path(jax.tree.map(np.asarray, tr.params))[0]
+    return {jax.tree_util.keystr(k): v for k, v in flat}, tr.train_losses, tr.val_losses, params

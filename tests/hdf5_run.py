@@ -17,6 +17,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import mp  # noqa: E402
+
 
 class LoggedDataset:
     def __init__(self, ds, log, where):
@@ -48,16 +50,12 @@ def main():
     p.add_argument("--val", default=None)
     p.add_argument("--out", required=True)
     p.add_argument("--parallelism", default="auto")
-    p.add_argument("--distributed", type=int, default=0)
-    p.add_argument("--process-id", type=int, default=0)
-    p.add_argument("--port", type=int, default=0)
+    mp.add_launch_args(p)
     p.add_argument("--open-file", action="store_true")
     p.add_argument("--rss-model", action="store_true")
     args = p.parse_args()
     import jax
-    if args.distributed:
-        jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}",
-                                   num_processes=args.distributed, process_id=args.process_id)
+    mp.init_jax_distributed(args)
     jax.config.update("jax_enable_x64", True)
     import h5py
     import numpy as np

@@ -9,6 +9,21 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
 
 
+def add_launch_args(parser):
+    """Arguments of a test process started by :func:`distributed`."""
+    parser.add_argument("--distributed", type=int, default=0, help="number of processes")
+    parser.add_argument("--process-id", type=int, default=0)
+    parser.add_argument("--port", type=int, default=0)
+
+
+def init_jax_distributed(args):
+    """Initialize jax.distributed when started by :func:`distributed`."""
+    import jax
+    if args.distributed:
+        jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}",
+                                   num_processes=args.distributed, process_id=args.process_id)
+
+
 def env(devices=1, **extra):
     e = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     e["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"

@@ -15,15 +15,15 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import mp  # noqa: E402
+
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--parallelism", default="auto")
-    p.add_argument("--distributed", type=int, default=0)
-    p.add_argument("--process-id", type=int, default=0)
-    p.add_argument("--port", type=int, default=0)
+    mp.add_launch_args(p)
     p.add_argument("--distributed-mpi", action="store_true")
     p.add_argument("--rank-init", action="store_true")
     p.add_argument("--fail-rank", type=int, default=-1)
@@ -34,10 +34,8 @@ def main():
     args = p.parse_args()
 
     import jax
-    if args.distributed:
-        jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}",
-                                   num_processes=args.distributed, process_id=args.process_id)
-    elif args.distributed_mpi:
+    mp.init_jax_distributed(args)
+    if args.distributed_mpi:
         jax.distributed.initialize(cluster_detection_method="mpi4py")
     jax.config.update("jax_enable_x64", True)
     import numpy as np

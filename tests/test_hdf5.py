@@ -17,7 +17,6 @@ from chemtrain.data.convert import convert
 from chemtrain.parallel import make_strategy
 from chemtrain.trainers import ForceMatching
 from problems import FIXED, lj_fluid, mlp_problem, tree_rel_err, write_h5
-from test_multiprocess import check_run, reference  # noqa: F401  (fixture)
 
 
 @pytest.fixture(scope="module")
@@ -110,15 +109,21 @@ def check_reads(out_dir, n_procs, n_train, n_val):
         assert epoch_rows == set(range(n_train))
 
 
+def check_same_as_in_memory(out_dir, reference):
+    """The root's final parameters equal in-memory training on one device."""
+    final = dict(np.load(out_dir / "final.npz"))
+    assert set(final) == set(reference[0])
+    for k, v in reference[0].items():
+        assert np.max(np.abs(final[k] - v)) / np.max(np.abs(v)) < 1e-6, k
+
+
 def test_read_accounting_mpi(files, tmp_path, reference):
     train, val, parts = files
     rc, out, _ = mp.mpirun(2, [os.path.join(mp.HERE, "hdf5_run.py"), "--train", train, "--val", val,
                                "--out", str(tmp_path), "--parallelism", "mpi"])
     assert rc == 0, out[-4000:]
     check_reads(tmp_path, 2, len(parts["training"]["R"]), len(parts["validation"]["R"]))
-    final = dict(np.load(tmp_path / "final.npz"))
-    for k, v in reference[0].items():  # same parameters as in memory on one device
-        assert np.max(np.abs(final[k] - v)) / np.max(np.abs(v)) < 1e-6
+    check_same_as_in_memory(tmp_path, reference)
 
 
 def test_read_accounting_jax_distributed(files, tmp_path, reference):
@@ -127,9 +132,7 @@ def test_read_accounting_jax_distributed(files, tmp_path, reference):
                                     "--parallelism", "jax"], script="hdf5_run.py")
     assert codes == [0, 0], out[-4000:]
     check_reads(tmp_path, 2, len(parts["training"]["R"]), len(parts["validation"]["R"]))
-    final = dict(np.load(tmp_path / "final.npz"))
-    for k, v in reference[0].items():
-        assert np.max(np.abs(final[k] - v)) / np.max(np.abs(v)) < 1e-6
+    check_same_as_in_memory(tmp_path, reference)
 
 
 def test_open_file_refused_in_multi_process_run(files, tmp_path):

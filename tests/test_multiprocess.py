@@ -2,13 +2,14 @@
 device, state broadcast, 'auto' selection, laziness, failures, bad input."""
 import json
 import os
-import time
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import mp
-from problems import FIXED, lj_fluid, mlp_problem
+from problems import lj_fluid
 
 
 @pytest.fixture(scope="module")
@@ -17,22 +18,6 @@ def data_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("mp") / "data.npz"
     np.savez(path, R=data["R"], U=data["U"], F=data["F"], R0=data["R"][0], box=box)
     return str(path)
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The fixed problem trained in this process on one device."""
-    import jax
-    import optax
-    from chemtrain.trainers import ForceMatching
-    data, params, template, nbrs = mlp_problem()
-    tr = ForceMatching(params, optax.chain(optax.adam(1e-3)), template, nbrs,
-                       batch=FIXED["batch"], parallelism="single", gammas=FIXED["gammas"],
-                       progress=False, checkpoint_path=str(tmp_path_factory.mktemp("ref")))
-    tr.set_datasets(data, train_ratio=FIXED["train_ratio"], val_ratio=FIXED["val_ratio"])
-    tr.train(FIXED["epochs"])
-    flat = jax.tree_util.tree_flatten_with_path(jax.tree.map(np.asarray, tr.params))[0]
-    return {jax.tree_util.keystr(k): v for k, v in flat}, tr.train_losses, tr.val_losses, params
 
 
 def check_run(out_dir, reference, n_procs):
@@ -82,8 +67,6 @@ def strategies(out_dir, n, name="strategy"):
 
 def test_auto_selection(data_file, tmp_path):
     script = os.path.join(mp.HERE, "mp_run.py")
-    import subprocess
-    import sys
     for case, launch in [("single", 1), ("jax", 2), ("mpi", "mpirun"), ("jax-dist", "dist")]:
         out_dir = tmp_path / case
         out_dir.mkdir()
@@ -155,8 +138,6 @@ def test_mpi_without_mpi4jax_or_mpi4py(data_file, tmp_path):
     broken = fake_package(tmp_path / "no_mpi4jax", "mpi4jax", "simulated broken mpi4jax build")
     rc, out, _ = mp.mpirun(2, script, PYTHONPATH=os.pathsep.join([broken, mp.HERE]))
     assert rc != 0 and "needs the package mpi4jax" in out and "pip install 'chemtrain[mpi]'" in out
-    import subprocess
-    import sys
     no_mpi4py = fake_package(tmp_path / "no_mpi4py", "mpi4py", "simulated missing mpi4py")
     out = subprocess.run([sys.executable, *script],
                          env=mp.env(1, PYTHONPATH=os.pathsep.join([no_mpi4py, mp.HERE])),
@@ -169,8 +150,6 @@ def test_mpi_without_mpi4jax_or_mpi4py(data_file, tmp_path):
 def test_training_without_mpi_modules(data_file, tmp_path, parallelism, devices):
     """Single and jax training import neither mpi4py nor mpi4jax, and still
     run when mpi4jax is broken."""
-    import subprocess
-    import sys
     broken = fake_package(tmp_path / "fake", "mpi4jax", "simulated broken mpi4jax build")
     out = subprocess.run([sys.executable, os.path.join(mp.HERE, "mp_run.py"), "--data", data_file,
                           "--out", str(tmp_path), "--parallelism", parallelism, "--check-no-mpi"],

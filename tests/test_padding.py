@@ -10,7 +10,6 @@ from jax.sharding import Mesh
 from jax_md import partition, space
 
 from chemtrain.data import pad_systems
-from chemtrain.data.loader import VALID
 from chemtrain.learn import force_matching as fm
 from chemtrain.models import lennard_jones_template
 from chemtrain.trainers import ForceMatching

@@ -14,6 +14,7 @@ from typing import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..data.loader import VALID
 
@@ -150,7 +151,6 @@ def make_metric_sums(predict: Callable, gammas: Mapping[str, float],
 
 def finish_metrics(sums: Mapping, targets) -> dict:
     """Turn globally summed metric sums into MAE/RMSE per target and the loss."""
-    import numpy as np
     n = float(sums["n"])
     out = {"loss": float(sums["loss"]) / max(n, 1.0), "n_structures": int(n)}
     for t in targets:

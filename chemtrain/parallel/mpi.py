@@ -13,7 +13,6 @@ import time
 import traceback
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 

@@ -12,7 +12,7 @@ import os
 import time
 import warnings
 import zlib
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 import jax
 import numpy as np
@@ -336,7 +336,7 @@ class ForceMatching:
         total = None
         for batch in self._batches(self._loader(stage)):
             s = self._sums(params, batch)
-            total = s if total is None else jax.tree.map(lambda a, b: a + b, total, s)
+            total = s if total is None else _add(total, s)
         host = jax.tree.map(lambda x: np.asarray(x, np.float64), self.strategy.to_host(total))
         if host["nbr_errors"]:
             raise TrainingError(f"The neighbor list overflowed for {int(host['nbr_errors'])} "
