@@ -1,0 +1,19 @@
+"""MACE (mace-torch's ``ScaleShiftMACE``) in JAX on cuequivariance-jax.
+
+- :class:`MaceConfig`, :func:`init_params`, :func:`node_energies`: the model
+  (Angstrom and eV, as mace-torch).
+- :func:`energy_fn_template`: the chemtrain energy function (nm, kJ/mol) on
+  jax-md neighbor lists.
+- :func:`load_mace_torch`: read a mace-torch ``.model`` file (``mace-torch``
+  extra); :func:`save` / :func:`load`: the converted model as plain data.
+"""
+from chemtrain.models.mace.model import MaceConfig, Layer, init_params, node_energies, param_shapes
+from chemtrain.models.mace.energy import (energy_fn_template, species_to_elements, check_species,
+                                          UnknownElementError, LENGTH_TO_ANGSTROM, ENERGY_TO_KJ_PER_MOL,
+                                          CHECK_VMA)
+from chemtrain.models.mace.io import save, load, load_mace_torch, UnsupportedModelError
+
+__all__ = ["MaceConfig", "Layer", "init_params", "node_energies", "param_shapes",
+           "energy_fn_template", "species_to_elements", "check_species", "UnknownElementError",
+           "LENGTH_TO_ANGSTROM", "ENERGY_TO_KJ_PER_MOL", "CHECK_VMA",
+           "save", "load", "load_mace_torch", "UnsupportedModelError"]

@@ -1,0 +1,434 @@
+"""The MACE architecture of mace-torch's ``ScaleShiftMACE`` (RealAgnostic
+interaction blocks), written in JAX.
+
+Node features are kept as a list of blocks, one per ``(mul, irrep)`` of the
+layer's irreps, each of shape ``(n_atoms, irrep.dim, mul)`` (the "ir_mul"
+layout of cuequivariance). The two heavy equivariant operations, the
+channel-wise tensor product of the messages (with the gather over senders and
+the scatter over receivers) and the symmetric contraction, run as
+cuequivariance-jax segmented polynomials; the equivariant linear layers are
+per-irrep matrix products. Irreps follow e3nn's conventions (basis, ordering,
+Clebsch-Gordan coefficients), so parameters of mace-torch models map onto
+these without change (except the symmetric contraction, see
+:mod:`chemtrain.models.mace.torch_io`).
+
+Lengths are in Angstrom and energies in eV here, as in mace-torch; the
+chemtrain energy function (:func:`chemtrain.models.mace.energy_fn_template`)
+converts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+import math
+from typing import Sequence
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+
+RESIDUAL = "RealAgnosticResidualInteractionBlock"
+PLAIN = "RealAgnosticInteractionBlock"
+INTERACTIONS = (PLAIN, RESIDUAL)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """Irreps of one interaction + product layer (e3nn strings)."""
+    interaction: str          # RESIDUAL or PLAIN
+    node_irreps: str          # input node features
+    edge_irreps: str          # after linear_up (tensor product input)
+    target_irreps: str        # tensor-product filter / symmetric contraction input
+    hidden_irreps: str        # output of the product block
+    correlation: int
+    readout: str              # "linear" or "nonlinear"
+
+
+@dataclasses.dataclass(frozen=True)
+class MaceConfig:
+    """Everything but the trainable parameters; plain data (JSON)."""
+    atomic_numbers: tuple[int, ...]
+    r_max: float
+    num_bessel: int
+    num_polynomial_cutoff: int
+    max_ell: int
+    avg_num_neighbors: float
+    radial_mlp: tuple[int, ...]
+    layers: tuple[Layer, ...]
+    mlp_irreps: str
+    atomic_energies: tuple[float, ...]     # eV per element (E0s)
+    scale: float
+    shift: float
+    act_constant: float                    # e3nn's normalize2mom constant of SiLU
+    distance_transform: str | None = None  # None or "Agnesi"
+    agnesi: tuple[float, float, float] = (0.9183, 4.5791, 1.0805)   # q, p, a
+    pair_repulsion: bool = False
+    zbl: tuple[float, ...] = (0.1818, 0.5099, 0.2802, 0.02817, 0.300, 0.4543)  # c0..c3, a_exp, a_prefactor
+    covalent_radii: tuple[float, ...] = ()  # Angstrom, indexed by atomic number
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "MaceConfig":
+        d = json.loads(text)
+        d["layers"] = tuple(Layer(**layer) for layer in d["layers"])
+        for key in ("atomic_numbers", "radial_mlp", "atomic_energies", "agnesi", "zbl", "covalent_radii"):
+            d[key] = tuple(d[key])
+        return cls(**d)
+
+    @property
+    def num_elements(self) -> int:
+        return len(self.atomic_numbers)
+
+    def element_table(self) -> np.ndarray:
+        """Atomic number -> element index of the model (-1 if unknown)."""
+        table = np.full(119, -1, np.int32)
+        table[list(self.atomic_numbers)] = np.arange(self.num_elements)
+        return table
+
+
+# --------------------------------------------------------------------------
+# irreps bookkeeping (e3nn-jax) and cuequivariance descriptors
+
+def irreps(s: str):
+    import e3nn_jax as e3nn
+    return e3nn.Irreps(s)
+
+
+def _cue_group():
+    """cuequivariance's O3 with e3nn's basis order and coupling coefficients."""
+    return _e3nn_o3()
+
+
+@functools.lru_cache(None)
+def _e3nn_o3():
+    import cuequivariance as cue
+    import e3nn_jax as e3nn
+
+    class O3e3nn(cue.O3):
+        # e3nn orders irreps by (l, p) and couples them with its own real
+        # Wigner 3j symbols; cue.O3 differs in both.
+        def __mul__(a, b):
+            return [O3e3nn(l=ir.l, p=ir.p) for ir in cue.O3.__mul__(a, b)]
+
+        @classmethod
+        def clebsch_gordan(cls, a, b, c):
+            a, b, c = cls._from(a), cls._from(b), cls._from(c)
+            if a.p * b.p != c.p:
+                return np.zeros((0, a.dim, b.dim, c.dim))
+            cg = np.asarray(e3nn.clebsch_gordan(a.l, b.l, c.l), dtype=np.float64)
+            return cg[None] * np.sqrt(c.dim)
+
+        def __lt__(a, b):
+            b = a._from(b)
+            return (a.l, a.p) < (b.l, b.p)
+
+        @classmethod
+        def iterator(cls):
+            for l in itertools.count(0):
+                yield O3e3nn(l=l, p=(-1) ** l)
+                yield O3e3nn(l=l, p=-((-1) ** l))
+
+    return O3e3nn
+
+
+def cue_irreps(s: str):
+    import cuequivariance as cue
+    return cue.Irreps(_cue_group(), str(irreps(s)))
+
+
+@functools.lru_cache(None)
+def conv_descriptor(edge_irreps: str, sh_irreps: str, target_irreps: str):
+    """Channel-wise tensor product (weights per edge); output irreps sorted as
+    mace-torch's ``tp_out_irreps_with_instructions`` sorts them."""
+    import cuequivariance as cue
+    target = [ir for _, ir in cue_irreps(target_irreps)]
+    d = cue.descriptors.channelwise_tensor_product(
+        cue_irreps(edge_irreps), cue_irreps(sh_irreps), target)
+    mid = str(d.outputs[0].irreps).replace("(", "").replace(")", "")
+    return d.polynomial, _e3nn_irreps_string(d.outputs[0].irreps)
+
+
+def _e3nn_irreps_string(cirreps) -> str:
+    return "+".join(f"{mul}x{ir.l}{'e' if ir.p == 1 else 'o'}" for mul, ir in cirreps)
+
+
+@functools.lru_cache(None)
+def symmetric_descriptor(in_irreps: str, out_irreps: str, correlation: int):
+    import cuequivariance as cue
+    d = cue.descriptors.symmetric_contraction(
+        cue_irreps(in_irreps), cue_irreps(out_irreps), tuple(range(1, correlation + 1)))
+    return d.polynomial
+
+
+def default_method() -> str:
+    """cuequivariance-jax execution method: the CUDA kernel on a GPU, plain
+    JAX elsewhere."""
+    return "uniform_1d" if jax.default_backend() == "gpu" else "naive"
+
+
+# --------------------------------------------------------------------------
+# equivariant building blocks on lists of (n, dim, mul) blocks
+
+def split_blocks(x, irreps_s: str):
+    """Flat ir_mul array (n, dim) -> list of (n, ir.dim, mul) blocks."""
+    out, i = [], 0
+    for mul, ir in irreps(irreps_s):
+        out.append(x[:, i:i + mul * ir.dim].reshape(x.shape[0], ir.dim, mul))
+        i += mul * ir.dim
+    return out
+
+
+def flat(blocks):
+    return jnp.concatenate([b.reshape(b.shape[0], -1) for b in blocks], axis=1)
+
+
+def linear_instructions(irreps_in: str, irreps_out: str):
+    """(i_in, i_out) pairs of e3nn's ``o3.Linear``, in its weight order."""
+    a, b = irreps(irreps_in), irreps(irreps_out)
+    return [(i, j) for i, (_, ir_i) in enumerate(a) for j, (_, ir_j) in enumerate(b) if ir_i == ir_j]
+
+
+def linear(weights: Sequence, blocks, irreps_in: str, irreps_out: str):
+    """e3nn ``o3.Linear`` (no biases): each output block sums the matching
+    input blocks times a (mul_in, mul_out) matrix, over sqrt(fan-in)."""
+    a, b = irreps(irreps_in), irreps(irreps_out)
+    instr = linear_instructions(irreps_in, irreps_out)
+    n = blocks[0].shape[0]
+    out = []
+    for j, (mul_j, ir_j) in enumerate(b):
+        terms = [(w, i) for w, (i, jj) in zip(weights, instr) if jj == j]
+        if not terms:
+            out.append(jnp.zeros((n, ir_j.dim, mul_j), blocks[0].dtype))
+            continue
+        fan = sum(a[i].mul for _, i in terms)
+        acc = sum(blocks[i] @ w for w, i in terms)
+        out.append(acc / math.sqrt(fan))
+    return out
+
+
+def element_linear_instructions(irreps_in: str, irreps_out: str):
+    """e3nn ``FullyConnectedTensorProduct(x, one_hot(element))``: the paths
+    of the element-dependent linear map (same order as its weights)."""
+    return linear_instructions(irreps_in, irreps_out)
+
+
+def element_linear(weights: Sequence, blocks, element, irreps_in: str, irreps_out: str,
+                   num_elements: int):
+    """Element-dependent linear map (mace-torch's ``skip_tp``); each weight
+    has shape (mul_in, num_elements, mul_out)."""
+    a, b = irreps(irreps_in), irreps(irreps_out)
+    instr = element_linear_instructions(irreps_in, irreps_out)
+    n = blocks[0].shape[0]
+    out = []
+    for j, (mul_j, ir_j) in enumerate(b):
+        terms = [(w, i) for w, (i, jj) in zip(weights, instr) if jj == j]
+        if not terms:
+            out.append(jnp.zeros((n, ir_j.dim, mul_j), blocks[0].dtype))
+            continue
+        fan = sum(a[i].mul * num_elements for _, i in terms)
+        acc = 0.0
+        for w, i in terms:
+            # (n, d, u) @ (u, Z*w) -> pick the atom's element
+            y = (blocks[i] @ w.reshape(w.shape[0], -1)).reshape(n, ir_j.dim, num_elements, mul_j)
+            acc = acc + jnp.take_along_axis(y, element[:, None, None, None], axis=2)[:, :, 0, :]
+        out.append(acc / math.sqrt(fan))
+    return out
+
+
+def mlp(weights: Sequence, x, act_constant: float):
+    """e3nn ``FullyConnectedNet``: no biases, weights over sqrt(fan-in),
+    SiLU rescaled to unit second moment, none after the last layer."""
+    for k, w in enumerate(weights):
+        x = x @ w / math.sqrt(w.shape[0])
+        if k < len(weights) - 1:
+            x = act_constant * jax.nn.silu(x)
+    return x
+
+
+def polynomial_cutoff(r, r_max, p):
+    x = r / r_max
+    env = (1.0 - (p + 1.0) * (p + 2.0) / 2.0 * x ** p + p * (p + 2.0) * x ** (p + 1)
+           - p * (p + 1.0) / 2.0 * x ** (p + 2))
+    return jnp.where(r < r_max, env, 0.0)
+
+
+def bessel(r, r_max, n):
+    w = jnp.pi / r_max * jnp.arange(1, n + 1, dtype=r.dtype)
+    return math.sqrt(2.0 / r_max) * jnp.sin(w * r[:, None]) / r[:, None]
+
+
+# --------------------------------------------------------------------------
+# the model
+
+def node_energies(params, cfg: MaceConfig, vectors, senders, receivers, edge_mask,
+                  element, node_mask, method: str | None = None):
+    """Per-atom energies (eV) of one structure.
+
+    ``vectors`` (n_edges, 3) in Angstrom point from sender to receiver
+    (``R[receiver] - R[sender]``), as in mace-torch; ``element`` holds model
+    element indices; edges with ``edge_mask`` False and atoms with
+    ``node_mask`` False contribute nothing (their indices must still be in
+    range).
+    """
+    import cuequivariance_jax as cuex
+    import e3nn_jax as e3nn
+
+    method = method or default_method()
+    n = element.shape[0]
+    dtype = vectors.dtype
+    Z = jnp.asarray(cfg.atomic_numbers)[element]
+
+    d2 = jnp.sum(vectors ** 2, axis=-1)
+    r_raw = jnp.sqrt(jnp.where(edge_mask, d2, 1.0))
+    inside = edge_mask & (r_raw < cfg.r_max)
+    r = jnp.where(inside, r_raw, 0.5 * cfg.r_max)
+    safe_vec = jnp.where(inside[:, None], vectors, jnp.array([0.0, 0.0, 1.0], dtype))
+
+    # radial features, with mace's optional Agnesi transform before the basis
+    cutoff = polynomial_cutoff(r, cfg.r_max, cfg.num_polynomial_cutoff)
+    rb = r
+    if cfg.distance_transform == "Agnesi":
+        q, p, a = cfg.agnesi
+        radii = jnp.asarray(cfg.covalent_radii, dtype)
+        r0 = 0.5 * (radii[Z[senders]] + radii[Z[receivers]])
+        x = r / r0
+        rb = 1.0 / (1.0 + a * x ** q / (1.0 + x ** (q - p)))
+    radial = bessel(rb, cfg.r_max, cfg.num_bessel) * (cutoff * inside)[:, None]
+
+    sh_irreps = "+".join(f"1x{l}{'e' if l % 2 == 0 else 'o'}" for l in range(cfg.max_ell + 1))
+    sh = e3nn.spherical_harmonics(sh_irreps, safe_vec, normalize=True, normalization="component").array
+    sh = sh * inside[:, None]
+
+    node_scale = []
+    if cfg.pair_repulsion:
+        node_scale.append(_zbl(cfg, r, Z, senders, receivers, inside, n))
+
+    onehot_w = params["embedding"]  # (num_elements, features)
+    h = [(onehot_w[element] / math.sqrt(cfg.num_elements))[:, None, :]]
+
+    for layer, p_int, p_prod, p_read in zip(cfg.layers, params["interactions"],
+                                            params["products"], params["readouts"]):
+        sc = None
+        if layer.interaction == RESIDUAL:
+            sc = element_linear(p_int["skip_tp"], h, element, layer.node_irreps,
+                                layer.hidden_irreps, cfg.num_elements)
+        hu = linear(p_int["linear_up"], h, layer.node_irreps, layer.edge_irreps)
+        tp_w = mlp(p_int["radial_mlp"], radial, cfg.act_constant)
+        poly, mid = conv_descriptor(layer.edge_irreps, sh_irreps, layer.target_irreps)
+        [msg] = cuex.segmented_polynomial(
+            poly, [tp_w, flat(hu), sh],
+            [jax.ShapeDtypeStruct((n, poly.outputs[0].size), dtype)],
+            indices=[None, senders, None, receivers], method=method)
+        msg = linear(p_int["linear"], split_blocks(msg, mid), mid, layer.target_irreps)
+        msg = [m / cfg.avg_num_neighbors for m in msg]
+        if layer.interaction == PLAIN:
+            msg = element_linear(p_int["skip_tp"], msg, element, layer.target_irreps,
+                                 layer.target_irreps, cfg.num_elements)
+        sym_out = "+".join(f"{mul}x{ir}" for mul, ir in irreps(layer.hidden_irreps))
+        spoly = symmetric_descriptor(layer.target_irreps, sym_out, layer.correlation)
+        [hs] = cuex.segmented_polynomial(
+            spoly, [p_prod["symmetric"], flat(msg)],
+            [jax.ShapeDtypeStruct((n, spoly.outputs[0].size), dtype)],
+            indices=[element, None, None], method=method)
+        h = linear(p_prod["linear"], split_blocks(hs, layer.hidden_irreps),
+                   layer.hidden_irreps, layer.hidden_irreps)
+        if sc is not None:
+            h = [a + b for a, b in zip(h, sc)]
+        node_scale.append(_readout(p_read, h, layer, cfg))
+
+    inter = cfg.scale * sum(node_scale) + cfg.shift
+    e0 = jnp.asarray(cfg.atomic_energies, dtype)[element]
+    return jnp.where(node_mask, e0 + inter, 0.0)
+
+
+def _readout(p, h, layer: Layer, cfg: MaceConfig):
+    if layer.readout == "linear":
+        return linear(p["linear"], h, layer.hidden_irreps, "1x0e")[0][:, 0, 0]
+    x = linear(p["linear_1"], h, layer.hidden_irreps, cfg.mlp_irreps)
+    x = [cfg.act_constant * jax.nn.silu(b) for b in x]
+    return linear(p["linear_2"], x, cfg.mlp_irreps, "1x0e")[0][:, 0, 0]
+
+
+def _zbl(cfg: MaceConfig, r, Z, senders, receivers, inside, n):
+    """Ziegler-Biersack-Littmark repulsion as in mace-torch (per receiver,
+    half of each directed edge)."""
+    c0, c1, c2, c3, a_exp, a_pre = cfg.zbl
+    zu, zv = Z[senders].astype(r.dtype), Z[receivers].astype(r.dtype)
+    a = a_pre * 0.529 / (zu ** a_exp + zv ** a_exp)
+    x = r / a
+    phi = (c0 * jnp.exp(-3.2 * x) + c1 * jnp.exp(-0.9423 * x) + c2 * jnp.exp(-0.4028 * x)
+           + c3 * jnp.exp(-0.2016 * x))
+    v = 14.3996 * zu * zv / r * phi
+    radii = jnp.asarray(cfg.covalent_radii, r.dtype)
+    rmax = radii[Z[senders]] + radii[Z[receivers]]
+    v = 0.5 * v * polynomial_cutoff(r, rmax, cfg.num_polynomial_cutoff)
+    return jax.ops.segment_sum(jnp.where(inside, v, 0.0), receivers, num_segments=n)
+
+
+# --------------------------------------------------------------------------
+# parameter shapes (for loading saved models and for random initialisation)
+
+def sh_irreps_string(max_ell: int) -> str:
+    return "+".join(f"1x{l}{'e' if l % 2 == 0 else 'o'}" for l in range(max_ell + 1))
+
+
+def _linear_shapes(irreps_in: str, irreps_out: str, num_elements: int | None = None):
+    a, b = irreps(irreps_in), irreps(irreps_out)
+    if num_elements is None:
+        return [(a[i].mul, b[j].mul) for i, j in linear_instructions(irreps_in, irreps_out)]
+    return [(a[i].mul, num_elements, b[j].mul) for i, j in linear_instructions(irreps_in, irreps_out)]
+
+
+def param_shapes(cfg: MaceConfig):
+    """The parameter pytree of ``cfg`` with shape tuples as leaves."""
+    sh = sh_irreps_string(cfg.max_ell)
+    n_el = cfg.num_elements
+    first = irreps(cfg.layers[0].node_irreps)
+    tree = {"embedding": (n_el, first[0].mul), "interactions": [], "products": [], "readouts": []}
+    for layer in cfg.layers:
+        poly, mid = conv_descriptor(layer.edge_irreps, sh, layer.target_irreps)
+        widths = (cfg.num_bessel, *cfg.radial_mlp, poly.inputs[0].size)
+        skip = ((layer.node_irreps, layer.hidden_irreps) if layer.interaction == RESIDUAL
+                else (layer.target_irreps, layer.target_irreps))
+        tree["interactions"].append({
+            "linear_up": _linear_shapes(layer.node_irreps, layer.edge_irreps),
+            "radial_mlp": [(a, b) for a, b in zip(widths[:-1], widths[1:])],
+            "linear": _linear_shapes(mid, layer.target_irreps),
+            "skip_tp": _linear_shapes(*skip, num_elements=n_el),
+        })
+        sym_out = "+".join(f"{mul}x{ir}" for mul, ir in irreps(layer.hidden_irreps))
+        spoly = symmetric_descriptor(layer.target_irreps, sym_out, layer.correlation)
+        tree["products"].append({"symmetric": (n_el, spoly.inputs[0].size),
+                                 "linear": _linear_shapes(layer.hidden_irreps, layer.hidden_irreps)})
+        if layer.readout == "linear":
+            tree["readouts"].append({"linear": _linear_shapes(layer.hidden_irreps, "1x0e")})
+        else:
+            tree["readouts"].append({"linear_1": _linear_shapes(layer.hidden_irreps, cfg.mlp_irreps),
+                                     "linear_2": _linear_shapes(cfg.mlp_irreps, "1x0e")})
+    return tree
+
+
+def _is_shape(x):
+    return isinstance(x, tuple) and all(isinstance(i, int) for i in x)
+
+
+def init_params(cfg: MaceConfig, key, dtype=jnp.float32):
+    """Random parameters (unit normal, as e3nn initialises; the symmetric
+    contraction weights scaled down by their number)."""
+    shapes = param_shapes(cfg)
+    leaves, treedef = jax.tree_util.tree_flatten(shapes, is_leaf=_is_shape)
+    keys = jax.random.split(key, len(leaves))
+    out = [jax.random.normal(k, s, dtype) for k, s in zip(keys, leaves)]
+    params = jax.tree_util.tree_unflatten(treedef, out)
+    for p in params["products"]:
+        p["symmetric"] = p["symmetric"] / p["symmetric"].shape[1]
+    return params
+
+
+def zeros_like_shapes(cfg: MaceConfig, dtype=np.float32):
+    shapes = param_shapes(cfg)
+    return jax.tree_util.tree_map(lambda s: np.zeros(s, dtype), shapes, is_leaf=_is_shape)

@@ -1,0 +1,316 @@
+"""Read mace-torch ``.model`` files (needs the ``mace-torch`` extra).
+
+Every weight maps one to one onto :mod:`chemtrain.models.mace.model`, except
+the symmetric contractions: mace-torch (e3nn path) contracts with its stored
+basis tensors ``U_matrix_nu``, cuequivariance with its own basis. Both span
+the same polynomials, so the converter finds the linear map between the two
+weight sets by least squares on random inputs (for one channel) and refuses
+the model if the map is not exact.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from chemtrain.models.mace import model as M
+
+INSTALL_HINT = ("Loading mace-torch files needs PyTorch and mace-torch: "
+                "pip install 'chemtrain[mace-torch]' (or pip install torch mace-torch).")
+
+
+class UnsupportedModelError(ValueError):
+    """A mace-torch model whose architecture chemtrain does not implement."""
+
+
+def _import_torch():
+    try:
+        import mace  # noqa: F401  (must come before e3nn, see NOTES)
+        import mace.modules  # noqa: F401
+        import torch
+    except ImportError as e:
+        raise ImportError(f"{INSTALL_HINT} ({e})") from e
+    return torch
+
+
+def read_torch_model(path: str):
+    """``torch.load`` a mace-torch model file, with clear errors."""
+    torch = _import_torch()
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"No mace-torch model file at {path!r}.")
+    try:
+        # mace-torch models are pickled modules: only load files you trust.
+        obj = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - torch raises many kinds here
+        raise ValueError(f"{path!r} is not a mace-torch model file: torch.load failed "
+                         f"({type(e).__name__}: {e}). Expected a file written by "
+                         f"torch.save(model) from mace-torch (e.g. MACE-MP '.model').") from e
+    if isinstance(obj, dict):
+        raise ValueError(f"{path!r} holds a state dict, not a mace-torch model: the "
+                         f"architecture is not in it. Save the whole model "
+                         f"(torch.save(model, path)) or use the original '.model' file.")
+    if not isinstance(obj, torch.nn.Module) or not hasattr(obj, "interactions"):
+        raise ValueError(f"{path!r} holds a {type(obj).__name__}, not a mace-torch MACE model.")
+    return obj
+
+
+def _unsupported(what: str):
+    raise UnsupportedModelError(
+        f"Unsupported mace-torch architecture variant: {what}. chemtrain implements "
+        f"ScaleShiftMACE/MACE with RealAgnosticInteractionBlock and "
+        f"RealAgnosticResidualInteractionBlock, Bessel radial basis, optional Agnesi "
+        f"transform and ZBL repulsion, one head, e3nn (not cuEquivariance) layers.")
+
+
+def _cls(m) -> str:
+    return type(m).__name__
+
+
+def config_from_torch(m) -> M.MaceConfig:
+    """Architecture of a mace-torch model as a :class:`MaceConfig`."""
+    name = _cls(m)
+    if name not in ("ScaleShiftMACE", "MACE"):
+        _unsupported(f"model class {name}")
+    if len(getattr(m, "heads", ["Default"])) != 1:
+        _unsupported(f"{len(m.heads)} heads {list(m.heads)}")
+    for attr in ("joint_embedding", "embedding_readout"):
+        if hasattr(m, attr):
+            _unsupported(f"extra embeddings ({attr})")
+    if getattr(m, "use_agnostic_product", False):
+        _unsupported("use_agnostic_product=True")
+    if getattr(m, "use_so3", False):
+        _unsupported("use_so3=True")
+    if getattr(m, "use_last_readout_only", False):
+        _unsupported("use_last_readout_only=True")
+    re = m.radial_embedding
+    if _cls(re.bessel_fn) != "BesselBasis":
+        _unsupported(f"radial basis {_cls(re.bessel_fn)}")
+    if not getattr(re, "apply_cutoff", True):
+        _unsupported("apply_cutoff=False")
+    transform = None
+    if hasattr(re, "distance_transform"):
+        if _cls(re.distance_transform) != "AgnesiTransform":
+            _unsupported(f"distance transform {_cls(re.distance_transform)}")
+        transform = "Agnesi"
+    if len(m.interactions) != len(m.products) or len(m.readouts) != len(m.interactions):
+        _unsupported(f"{len(m.interactions)} interactions with {len(m.readouts)} readouts")
+
+    act_constants = []
+    layers = []
+    for t, (inter, prod, read) in enumerate(zip(m.interactions, m.products, m.readouts)):
+        iname = _cls(inter)
+        if iname not in M.INTERACTIONS:
+            _unsupported(f"interaction block {iname} (layer {t})")
+        if hasattr(inter, "conv_fusion"):
+            _unsupported("fused convolution (cuEquivariance/OpenEquivariance)")
+        sc = prod.symmetric_contractions
+        if _cls(sc) != "SymmetricContraction":
+            _unsupported(f"symmetric contraction {_cls(sc)} (a cuEquivariance model? convert it "
+                         f"back with mace's convert_cueq_e3nn first)")
+        rname = _cls(read)
+        if rname == "LinearReadoutBlock":
+            readout = "linear"
+        elif rname == "NonLinearReadoutBlock":
+            readout = "nonlinear"
+            acts = read.non_linearity.acts
+            if len(acts) != 1 or getattr(acts[0], "f", None) is None:
+                _unsupported("readout activation")
+            _check_silu(acts[0].f)
+            act_constants.append(float(acts[0].cst))
+        else:
+            _unsupported(f"readout block {rname}")
+        for layer in inter.conv_tp_weights.children():
+            if layer.act is not None:
+                _check_silu(layer.act.f)
+                act_constants.append(float(layer.act.cst))
+        if getattr(prod, "use_sc", True) is False and iname == M.RESIDUAL and t > 0:
+            _unsupported("product block without self-connection")
+        layers.append(M.Layer(
+            interaction=iname,
+            node_irreps=str(inter.node_feats_irreps),
+            edge_irreps=str(inter.edge_irreps),
+            target_irreps=str(inter.target_irreps),
+            hidden_irreps=str(prod.linear.irreps_out),
+            correlation=int(sc.contractions[0].correlation),
+            readout=readout,
+        ))
+        if str(inter.edge_irreps) != str(inter.node_feats_irreps):
+            _unsupported("edge_irreps different from the node features")
+    if not np.allclose(act_constants, act_constants[0], rtol=1e-12, atol=0):
+        _unsupported(f"different activation normalisations {act_constants}")
+    mlp_irreps = "1x0e"
+    for read in m.readouts:
+        if _cls(read) == "NonLinearReadoutBlock":
+            mlp_irreps = str(read.hidden_irreps)
+
+    e0 = np.asarray(m.atomic_energies_fn.atomic_energies.detach().cpu().numpy(), np.float64)
+    if e0.ndim == 2:
+        if e0.shape[0] != 1:
+            _unsupported(f"atomic energies for {e0.shape[0]} heads")
+        e0 = e0[0]
+    if name == "ScaleShiftMACE":
+        scale = np.asarray(m.scale_shift.scale.detach().cpu().numpy(), np.float64).reshape(-1)
+        shift = np.asarray(m.scale_shift.shift.detach().cpu().numpy(), np.float64).reshape(-1)
+        if scale.size != 1 or shift.size != 1:
+            _unsupported("per-head scale and shift")
+        scale, shift = float(scale[0]), float(shift[0])
+    else:
+        scale, shift = 1.0, 0.0
+
+    import ase.data
+    kwargs = {}
+    radii = np.asarray(ase.data.covalent_radii, np.float64)
+    if transform == "Agnesi":
+        t = re.distance_transform
+        kwargs["agnesi"] = (float(t.q), float(t.p), float(t.a))
+        radii = t.covalent_radii.detach().cpu().numpy().astype(np.float64)
+    pair = hasattr(m, "pair_repulsion_fn")
+    if pair:
+        z = m.pair_repulsion_fn
+        kwargs["zbl"] = (*[float(c) for c in z.c], float(z.a_exp), float(z.a_prefactor))
+        radii = z.covalent_radii.detach().cpu().numpy().astype(np.float64)
+        if int(z.p) != int(re.cutoff_fn.p):
+            _unsupported("ZBL cutoff exponent different from the radial one")
+    rmlp = [layer.weight.shape[1] for layer in list(m.interactions[0].conv_tp_weights.children())[:-1]]
+    return M.MaceConfig(
+        atomic_numbers=tuple(int(z) for z in m.atomic_numbers.cpu().numpy()),
+        r_max=float(m.r_max),
+        num_bessel=int(re.bessel_fn.bessel_weights.shape[0]),
+        num_polynomial_cutoff=int(re.cutoff_fn.p),
+        max_ell=int(m.spherical_harmonics.irreps_out.lmax),
+        avg_num_neighbors=float(m.interactions[0].avg_num_neighbors),
+        radial_mlp=tuple(rmlp),
+        layers=tuple(layers),
+        mlp_irreps=mlp_irreps,
+        atomic_energies=tuple(float(x) for x in e0),
+        scale=scale, shift=shift,
+        act_constant=act_constants[0],
+        distance_transform=transform,
+        pair_repulsion=pair,
+        covalent_radii=tuple(float(r) for r in radii),
+        **kwargs,
+    )
+
+
+def _check_silu(f):
+    import torch
+    x = torch.linspace(-3, 3, 7, dtype=torch.float64)
+    if not torch.allclose(f(x), torch.nn.functional.silu(x)):
+        _unsupported(f"activation {getattr(f, '__name__', f)} (only SiLU)")
+
+
+def _np(t):
+    return t.detach().cpu().numpy()
+
+
+def _split(flat_w, shapes):
+    out, i = [], 0
+    for s in shapes:
+        size = int(np.prod(s))
+        out.append(flat_w[i:i + size].reshape(s))
+        i += size
+    if i != flat_w.size:
+        raise UnsupportedModelError(f"weight of size {flat_w.size} does not match the expected "
+                                    f"layer layout ({i}); unsupported variant.")
+    return out
+
+
+def params_from_torch(m, cfg: M.MaceConfig, dtype=None):
+    """The parameter pytree of a mace-torch model (numpy arrays)."""
+    shapes = M.param_shapes(cfg)
+    if dtype is None:
+        dtype = _np(m.interactions[0].linear_up.weight).dtype
+    sd = {k: _np(v).astype(np.float64) for k, v in m.state_dict().items()}
+    params = {"embedding": sd["node_embedding.linear.weight"].reshape(shapes["embedding"]),
+              "interactions": [], "products": [], "readouts": []}
+    for t, layer in enumerate(cfg.layers):
+        s = shapes["interactions"][t]
+        pre = f"interactions.{t}."
+        mlp = [sd[f"{pre}conv_tp_weights.layer{k}.weight"] for k in range(len(s["radial_mlp"]))]
+        for w, shape in zip(mlp, s["radial_mlp"]):
+            if w.shape != shape:
+                raise UnsupportedModelError(f"{pre}conv_tp_weights: {w.shape} vs {shape}")
+        params["interactions"].append({
+            "linear_up": _split(sd[pre + "linear_up.weight"], s["linear_up"]),
+            "radial_mlp": mlp,
+            "linear": _split(sd[pre + "linear.weight"], s["linear"]),
+            "skip_tp": _split(sd[pre + "skip_tp.weight"], s["skip_tp"]),
+        })
+        sp = shapes["products"][t]
+        params["products"].append({
+            "symmetric": _symmetric_weights(m.products[t].symmetric_contractions, layer, sp["symmetric"]),
+            "linear": _split(sd[f"products.{t}.linear.weight"], sp["linear"]),
+        })
+        sr = shapes["readouts"][t]
+        params["readouts"].append({k: _split(sd[f"readouts.{t}.{k}.weight"], v) for k, v in sr.items()})
+    import jax
+    return jax.tree_util.tree_map(lambda x: np.asarray(x, dtype), params)
+
+
+def _symmetric_weights(sc, layer: M.Layer, shape):
+    """mace-torch symmetric-contraction weights -> cuequivariance weights
+    (num_elements, paths * channels)."""
+    channels = M.irreps(layer.target_irreps)[0].mul
+    single_in = "+".join(f"1x{ir}" for _, ir in M.irreps(layer.target_irreps))
+    single_out = "+".join(f"1x{ir}" for _, ir in M.irreps(layer.hidden_irreps))
+    poly = M.symmetric_descriptor(single_in, single_out, layer.correlation)
+    d_in = poly.inputs[1].size
+    n_cue = poly.inputs[0].size
+    out_dims = [ir.dim for _, ir in M.irreps(layer.hidden_irreps)]
+
+    # mace: for each output irrep and degree nu, U (out, in^nu, K) and weights (Z, K, C)
+    mats, weights = [], []
+    for o, contraction in enumerate(sc.contractions):
+        corr = contraction.correlation
+        w_by_nu = {corr: _np(contraction.weights_max)}
+        for j, w in enumerate(contraction.weights):
+            w_by_nu[corr - 1 - j] = _np(w)
+        for nu in range(1, corr + 1):
+            U = _np(getattr(contraction, f"U_matrix_{nu}")).astype(np.float64)
+            if U.ndim == nu + 1:
+                U = U[None]
+            mats.append((o, nu, U))
+            weights.append(w_by_nu[nu].astype(np.float64))
+    n_mace = sum(U.shape[-1] for _, _, U in mats)
+    rng = np.random.default_rng(0)
+    n_samples = max(4, 3 * (n_cue // max(1, sum(out_dims)) + 1))
+    x = rng.normal(size=(n_samples, d_in))
+
+    offsets = np.cumsum([0] + out_dims)
+    A_mace = np.zeros((n_samples, offsets[-1], n_mace))
+    col = 0
+    for o, nu, U in mats:
+        letters = "abcdefgh"[:nu]
+        spec = f"M{letters}k," + ",".join(f"s{c}" for c in letters) + "->sMk"
+        T = np.einsum(spec, U, *([x] * nu))
+        A_mace[:, offsets[o]:offsets[o + 1], col:col + U.shape[-1]] = T
+        col += U.shape[-1]
+    eye = np.eye(n_cue)
+    [A_cue] = poly(eye[None], x[:, None, :])           # (samples, n_cue, out)
+    A_cue = np.transpose(A_cue, (0, 2, 1))
+    A_c = A_cue.reshape(-1, n_cue)
+    A_m = A_mace.reshape(-1, n_mace)
+    P, *_ = np.linalg.lstsq(A_c, A_m, rcond=None)
+    err = np.linalg.norm(A_c @ P - A_m) / max(np.linalg.norm(A_m), 1e-300)
+    if err > 1e-5:
+        raise UnsupportedModelError(
+            f"symmetric contraction basis could not be mapped onto cuequivariance's "
+            f"(relative residual {err:.1e}); unsupported variant.")
+    W = np.concatenate(weights, axis=1)                  # (Z, n_mace, C)
+    cue_w = np.einsum("pk,zkc->zpc", P, W)                # (Z, n_cue, C)
+    out = cue_w.reshape(cue_w.shape[0], -1)
+    if out.shape != tuple(shape) or cue_w.shape[2] != channels:
+        raise UnsupportedModelError(f"symmetric contraction weights {out.shape} vs {shape}")
+    return out
+
+
+def load_mace_torch(path: str, dtype=None):
+    """Read a mace-torch ``.model`` file: ``(config, params)``.
+
+    ``params`` is a pytree of numpy arrays in the model file's precision
+    (or ``dtype``). Save the result with :func:`chemtrain.models.mace.save`
+    so that later runs need neither torch nor mace-torch.
+    """
+    m = read_torch_model(path)
+    cfg = config_from_torch(m)
+    return cfg, params_from_torch(m, cfg, dtype)

@@ -1,0 +1,83 @@
+"""Reference mace-torch models and structures for the MACE tests.
+
+Builds random-initialised ``ScaleShiftMACE`` models (mace-torch, real code)
+in three configurations, saves them with ``torch.save`` like a ``.model``
+file, and evaluates energies and forces with mace-torch's ASE calculator.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+CONFIGS = {
+    # an L=0 "small"-like model (MACE-MP-0 small: 128x0e, one residual-free first block)
+    "small": dict(hidden="16x0e", max_ell=3, num_interactions=2, correlation=3,
+                  first="RealAgnosticResidualInteractionBlock", pair=False, transform="None"),
+    # L=1, two interactions, correlation 3 ("medium"-like)
+    "medium": dict(hidden="8x0e+8x1o", max_ell=3, num_interactions=2, correlation=3,
+                   first="RealAgnosticResidualInteractionBlock", pair=False, transform="None"),
+    # pair repulsion and Agnesi transform, as MACE-MP-0b3; plain first block
+    "b3": dict(hidden="8x0e+8x1o", max_ell=2, num_interactions=2, correlation=3,
+               first="RealAgnosticInteractionBlock", pair=True, transform="Agnesi"),
+}
+ELEMENTS = [1, 6, 7, 8]
+
+
+def build_torch_model(name: str, dtype: str = "float64", seed: int = 0, r_max: float = 4.0):
+    import mace  # noqa: F401  (before e3nn)
+    import torch
+    from e3nn import o3
+    from mace import modules
+    c = CONFIGS[name]
+    torch.set_default_dtype(getattr(torch, dtype))
+    torch.manual_seed(seed)
+    model = modules.ScaleShiftMACE(
+        r_max=r_max, num_bessel=8, num_polynomial_cutoff=5, max_ell=c["max_ell"],
+        interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
+        interaction_cls_first=modules.interaction_classes[c["first"]],
+        num_interactions=c["num_interactions"], num_elements=len(ELEMENTS),
+        hidden_irreps=o3.Irreps(c["hidden"]), MLP_irreps=o3.Irreps("16x0e"),
+        atomic_energies=np.array([-13.6, -1030.0, -1485.0, -2040.0]) / 100.0,
+        avg_num_neighbors=6.0, atomic_numbers=ELEMENTS, correlation=c["correlation"],
+        gate=torch.nn.functional.silu, pair_repulsion=c["pair"], distance_transform=c["transform"],
+        radial_MLP=[16, 16, 16], atomic_inter_scale=1.3, atomic_inter_shift=-0.05)
+    # random weights are O(1); scale the symmetric-contraction ones up so
+    # higher correlation orders matter in the comparison
+    with torch.no_grad():
+        for name_, p in model.named_parameters():
+            if "symmetric_contractions" in name_:
+                p.mul_(3.0)
+    return model
+
+
+def save_torch_model(model, path: str) -> str:
+    import torch
+    torch.save(model, path)
+    return path
+
+
+def random_molecule(rng, n_atoms=12, elements=ELEMENTS, spacing=1.1):
+    """Atoms on a jittered grid (no two closer than ~0.8 Angstrom)."""
+    side = int(np.ceil(n_atoms ** (1 / 3)))
+    grid = np.stack(np.meshgrid(*[np.arange(side)] * 3, indexing="ij"), -1).reshape(-1, 3)
+    pos = grid[rng.permutation(len(grid))[:n_atoms]] * spacing + rng.uniform(-0.2, 0.2, (n_atoms, 3))
+    Z = rng.choice(elements, n_atoms)
+    return pos, Z
+
+
+def random_cell(rng, n_atoms=24, elements=ELEMENTS, length=8.5):
+    """A periodic, slightly triclinic cell (Angstrom)."""
+    cell = np.diag([length, length * 1.05, length * 0.97]) + rng.uniform(-0.3, 0.3, (3, 3)) * (1 - np.eye(3))
+    frac = np.stack(np.meshgrid(*[np.arange(3)] * 3, indexing="ij"), -1).reshape(-1, 3)[:n_atoms] / 3.0
+    frac = frac + rng.uniform(-0.04, 0.04, frac.shape)
+    pos = frac @ cell
+    Z = rng.choice(elements, n_atoms)
+    return pos, Z, cell
+
+
+def torch_energy_forces(model_path: str, pos, Z, cell=None, dtype="float64"):
+    """Energy (eV) and forces (eV/Angstrom) from mace-torch's ASE calculator."""
+    import ase
+    from mace.calculators import MACECalculator
+    atoms = ase.Atoms(numbers=Z, positions=pos, cell=cell, pbc=cell is not None)
+    atoms.calc = MACECalculator(model_paths=model_path, device="cpu", default_dtype=dtype)
+    return atoms.get_potential_energy(), atoms.get_forces()
