@@ -22,7 +22,8 @@ CONFIGS = {
 ELEMENTS = [1, 6, 7, 8]
 
 
-def build_torch_model(name: str, dtype: str = "float64", seed: int = 0, r_max: float = 4.0):
+def build_torch_model(name: str, dtype: str = "float64", seed: int = 0, r_max: float = 4.0,
+                      symmetric_scale: float = 3.0):
     import mace  # noqa: F401  (before e3nn)
     import torch
     from e3nn import o3
@@ -40,12 +41,12 @@ def build_torch_model(name: str, dtype: str = "float64", seed: int = 0, r_max: f
         avg_num_neighbors=6.0, atomic_numbers=ELEMENTS, correlation=c["correlation"],
         gate=torch.nn.functional.silu, pair_repulsion=c["pair"], distance_transform=c["transform"],
         radial_MLP=[16, 16, 16], atomic_inter_scale=1.3, atomic_inter_shift=-0.05)
-    # random weights are O(1); scale the symmetric-contraction ones up so
-    # higher correlation orders matter in the comparison
+    # random weights are O(1); by default scale the symmetric-contraction
+    # ones up so that higher correlation orders matter in comparisons
     with torch.no_grad():
         for name_, p in model.named_parameters():
             if "symmetric_contractions" in name_:
-                p.mul_(3.0)
+                p.mul_(symmetric_scale)
     return model
 
 
@@ -55,11 +56,12 @@ def save_torch_model(model, path: str) -> str:
     return path
 
 
-def random_molecule(rng, n_atoms=12, elements=ELEMENTS, spacing=1.1):
-    """Atoms on a jittered grid (no two closer than ~0.8 Angstrom)."""
+def random_molecule(rng, n_atoms=12, elements=ELEMENTS, spacing=1.1, jitter=0.2):
+    """Atoms on a grid, each moved by up to ``jitter`` per coordinate (no two
+    closer than spacing - 2 sqrt(3) jitter)."""
     side = int(np.ceil(n_atoms ** (1 / 3)))
     grid = np.stack(np.meshgrid(*[np.arange(side)] * 3, indexing="ij"), -1).reshape(-1, 3)
-    pos = grid[rng.permutation(len(grid))[:n_atoms]] * spacing + rng.uniform(-0.2, 0.2, (n_atoms, 3))
+    pos = grid[rng.permutation(len(grid))[:n_atoms]] * spacing + rng.uniform(-jitter, jitter, (n_atoms, 3))
     Z = rng.choice(elements, n_atoms)
     return pos, Z
 
@@ -74,10 +76,16 @@ def random_cell(rng, n_atoms=24, elements=ELEMENTS, length=8.5):
     return pos, Z, cell
 
 
+_CALCULATORS = {}
+
+
 def torch_energy_forces(model_path: str, pos, Z, cell=None, dtype="float64"):
     """Energy (eV) and forces (eV/Angstrom) from mace-torch's ASE calculator."""
     import ase
     from mace.calculators import MACECalculator
+    if (model_path, dtype) not in _CALCULATORS:
+        _CALCULATORS[model_path, dtype] = MACECalculator(model_paths=model_path, device="cpu",
+                                                         default_dtype=dtype)
     atoms = ase.Atoms(numbers=Z, positions=pos, cell=cell, pbc=cell is not None)
-    atoms.calc = MACECalculator(model_paths=model_path, device="cpu", default_dtype=dtype)
+    atoms.calc = _CALCULATORS[model_path, dtype]
     return atoms.get_potential_energy(), atoms.get_forces()

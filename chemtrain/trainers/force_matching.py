@@ -65,7 +65,10 @@ class ForceMatching:
       log_file: JSON-lines metrics file (one line per epoch), or None.
       seed: seed of the training-batch order.
       progress: show tqdm bars (root process only).
-      check_vma: shard_map's varying-axis check in 'jax' mode.
+      check_vma: shard_map's varying-axis check in 'jax' mode. None (default)
+        takes the template's ``check_vma`` attribute if it has one (models
+        whose primitives lose the varying type, such as MACE on
+        cuequivariance-jax, set it to False), else True.
       consistency_check_every: every k steps compare checksums of the state
         across processes and raise naming the first leaf that differs.
     """
@@ -75,14 +78,18 @@ class ForceMatching:
                  parallelism: str = "auto", mesh=None, gammas: Mapping[str, float] | None = None,
                  weights_keys: Mapping[str, str] | None = None,
                  checkpoint_path: str = "checkpoints", log_file: str | None = None,
-                 seed: int = 0, progress: bool = True, check_vma: bool = True,
+                 seed: int = 0, progress: bool = True, check_vma: bool | None = None,
                  consistency_check_every: int | None = None,
                  batch_per_device: int | None = None, disable_shmap: bool | None = None):
         if disable_shmap:
             raise ValueError("disable_shmap=True is no longer supported: the batch is always "
                              "split with shard_map. Use parallelism='single' for one device or "
                              "parallelism='jax' to split the batch over devices.")
+        if check_vma is None:
+            check_vma = bool(getattr(energy_fn_template, "check_vma", True))
         self.strategy = make_strategy(parallelism, mesh, check_vma=check_vma)
+        # a template may check datasets for inputs it cannot use (unknown elements)
+        self._validate_for_model = getattr(energy_fn_template, "validate_dataset", None)
         n = self.strategy.n_shards
         if batch_per_device is not None:
             if batch is not None:
@@ -146,7 +153,7 @@ class ForceMatching:
         ranks may pass None); rank 0 sends each rank its rows of every batch.
         """
         def split():
-            data = validate_dataset(dataset, self._required_keys())
+            data = self._validate(dataset, self._required_keys(), "dataset")
             return split_dataset(data, train_ratio, val_ratio, shuffle, seed)
 
         parts = self._on_root(split)
@@ -178,12 +185,18 @@ class ForceMatching:
 
     def _make_loader(self, dataset, name, shuffle, drop_last, required=None):
         required = self._required_keys() if required is None else required
-        data = self._on_root(lambda: validate_dataset(dataset, required, name=name))
+        data = self._on_root(lambda: self._validate(dataset, required, name))
         info = self._on_root(lambda: {"n": int(len(data["R"])), "schema": describe(data)},
                              share=True)
         schema = {k: (tuple(shape), dtype) for k, (shape, dtype) in info["schema"].items()}
         return InMemoryLoader(data, self.batch, shuffle=shuffle, seed=self.seed,
                               drop_last=drop_last, n=info["n"], schema=schema)
+
+    def _validate(self, dataset, required, name):
+        data = validate_dataset(dataset, required, name=name)
+        if self._validate_for_model is not None:
+            self._validate_for_model(data)
+        return data
 
     def _on_root(self, fn, share=False):
         """Run ``fn`` where the data lives: everywhere, or only on the root for

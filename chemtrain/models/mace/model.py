@@ -230,11 +230,10 @@ def element_linear(weights: Sequence, blocks, element, irreps_in: str, irreps_ou
             out.append(jnp.zeros((n, ir_j.dim, mul_j), blocks[0].dtype))
             continue
         fan = sum(a[i].mul * num_elements for _, i in terms)
-        acc = 0.0
-        for w, i in terms:
-            # (n, d, u) @ (u, Z*w) -> pick the atom's element
-            y = (blocks[i] @ w.reshape(w.shape[0], -1)).reshape(n, ir_j.dim, num_elements, mul_j)
-            acc = acc + jnp.take_along_axis(y, element[:, None, None, None], axis=2)[:, :, 0, :]
+        # gather each atom's (mul_in, mul_out) matrix: cost independent of
+        # the number of elements the model knows
+        acc = sum(jnp.einsum("ndu,nuw->ndw", blocks[i], jnp.moveaxis(w[:, element, :], 1, 0))
+                  for w, i in terms)
         out.append(acc / math.sqrt(fan))
     return out
 
@@ -330,10 +329,13 @@ def node_energies(params, cfg: MaceConfig, vectors, senders, receivers, edge_mas
                                  layer.target_irreps, cfg.num_elements)
         sym_out = "+".join(f"{mul}x{ir}" for mul, ir in irreps(layer.hidden_irreps))
         spoly = symmetric_descriptor(layer.target_irreps, sym_out, layer.correlation)
+        # Each atom's weights are gathered here rather than passed through
+        # cuex's ``indices``: with cuequivariance-jax 0.13 the gradient of an
+        # indexed, un-batched input is wrong under jax.vmap (as the trainers
+        # call energy functions); tests/test_mace.py checks the gradient.
         [hs] = cuex.segmented_polynomial(
-            spoly, [p_prod["symmetric"], flat(msg)],
-            [jax.ShapeDtypeStruct((n, spoly.outputs[0].size), dtype)],
-            indices=[element, None, None], method=method)
+            spoly, [p_prod["symmetric"][element], flat(msg)],
+            [jax.ShapeDtypeStruct((n, spoly.outputs[0].size), dtype)], method=method)
         h = linear(p_prod["linear"], split_blocks(hs, layer.hidden_irreps),
                    layer.hidden_irreps, layer.hidden_irreps)
         if sc is not None:
