@@ -12,7 +12,6 @@ Prints JAX/torch ratios (target: at most 1.0).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time

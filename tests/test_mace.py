@@ -180,6 +180,25 @@ def test_parameter_gradient_of_a_batch_is_the_sum(torch_models):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10 * float(jnp.max(jnp.abs(b))))
 
 
+def test_random_init_is_rotation_invariant(torch_models):
+    """A model built in JAX alone (init_params): energy invariant and forces
+    equivariant under a rotation, and translation changes nothing."""
+    cfg, _ = cm.load_mace_torch(torch_models("medium"))
+    params = cm.init_params(cfg, jax.random.PRNGKey(0), jnp.float64)
+    shapes = cm.param_shapes(cfg)
+    assert jax.tree.map(lambda x: x.shape, params) == jax.tree.map(
+        tuple, shapes, is_leaf=lambda x: isinstance(x, tuple) and all(isinstance(i, int) for i in x))
+    pos, Z, _ = structure("molecule", 6)
+    Q, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(3, 3)))
+    if np.linalg.det(Q) < 0:
+        Q = -Q
+    E, F = jax_energy_forces(cfg, params, pos, Z, None)
+    E2, F2 = jax_energy_forces(cfg, params, pos @ Q.T + np.array([0.3, -0.2, 0.1]), Z, None)
+    assert np.isfinite(E) and np.max(np.abs(F)) > 1e-3
+    assert abs(E2 - E) <= 1e-10 * abs(E)
+    np.testing.assert_allclose(F2, F @ Q.T, atol=1e-10 * np.max(np.abs(F)))
+
+
 # ---------------------------------------------------------------- errors
 
 def test_not_a_model_file(tmp_path):
@@ -307,7 +326,6 @@ def finetune_problem(tmp_path_factory):
 
 
 def finetune_trainer(problem, optimizer, parallelism, path, mesh=None):
-    import optax  # noqa: F401
     from chemtrain.trainers import ForceMatching
     cfg, params, data, nbrs, template, gammas = problem
     tr = ForceMatching(params, optimizer, template, nbrs, batch=4, parallelism=parallelism,

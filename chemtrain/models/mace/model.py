@@ -98,13 +98,9 @@ def irreps(s: str):
     return e3nn.Irreps(s)
 
 
-def _cue_group():
-    """cuequivariance's O3 with e3nn's basis order and coupling coefficients."""
-    return _e3nn_o3()
-
-
 @functools.lru_cache(None)
 def _e3nn_o3():
+    """cuequivariance's O3 with e3nn's irrep order and coupling coefficients."""
     import cuequivariance as cue
     import e3nn_jax as e3nn
 
@@ -137,7 +133,7 @@ def _e3nn_o3():
 
 def cue_irreps(s: str):
     import cuequivariance as cue
-    return cue.Irreps(_cue_group(), str(irreps(s)))
+    return cue.Irreps(_e3nn_o3(), str(irreps(s)))
 
 
 @functools.lru_cache(None)
@@ -148,7 +144,6 @@ def conv_descriptor(edge_irreps: str, sh_irreps: str, target_irreps: str):
     target = [ir for _, ir in cue_irreps(target_irreps)]
     d = cue.descriptors.channelwise_tensor_product(
         cue_irreps(edge_irreps), cue_irreps(sh_irreps), target)
-    mid = str(d.outputs[0].irreps).replace("(", "").replace(")", "")
     return d.polynomial, _e3nn_irreps_string(d.outputs[0].irreps)
 
 
@@ -210,18 +205,14 @@ def linear(weights: Sequence, blocks, irreps_in: str, irreps_out: str):
     return out
 
 
-def element_linear_instructions(irreps_in: str, irreps_out: str):
-    """e3nn ``FullyConnectedTensorProduct(x, one_hot(element))``: the paths
-    of the element-dependent linear map (same order as its weights)."""
-    return linear_instructions(irreps_in, irreps_out)
-
-
 def element_linear(weights: Sequence, blocks, element, irreps_in: str, irreps_out: str,
                    num_elements: int):
-    """Element-dependent linear map (mace-torch's ``skip_tp``); each weight
-    has shape (mul_in, num_elements, mul_out)."""
+    """Element-dependent linear map: e3nn's ``FullyConnectedTensorProduct``
+    of the features with the one-hot element (mace-torch's ``skip_tp``), whose
+    paths are those of :func:`linear`; each weight has shape
+    (mul_in, num_elements, mul_out)."""
     a, b = irreps(irreps_in), irreps(irreps_out)
-    instr = element_linear_instructions(irreps_in, irreps_out)
+    instr = linear_instructions(irreps_in, irreps_out)
     n = blocks[0].shape[0]
     out = []
     for j, (mul_j, ir_j) in enumerate(b):
@@ -298,7 +289,7 @@ def node_energies(params, cfg: MaceConfig, vectors, senders, receivers, edge_mas
         rb = 1.0 / (1.0 + a * x ** q / (1.0 + x ** (q - p)))
     radial = bessel(rb, cfg.r_max, cfg.num_bessel) * (cutoff * inside)[:, None]
 
-    sh_irreps = "+".join(f"1x{l}{'e' if l % 2 == 0 else 'o'}" for l in range(cfg.max_ell + 1))
+    sh_irreps = sh_irreps_string(cfg.max_ell)
     sh = e3nn.spherical_harmonics(sh_irreps, safe_vec, normalize=True, normalization="component").array
     sh = sh * inside[:, None]
 
