@@ -249,6 +249,9 @@ def test_unknown_element_in_dataset(torch_models, tmp_path):
                        progress=False, checkpoint_path=str(tmp_path))
     with pytest.raises(cm.UnknownElementError, match=r"atomic numbers \[9\].*\[1, 6, 7, 8\]"):
         tr.set_datasets(data, train_ratio=0.5)
+    no_species = {k: v for k, v in data.items() if k != "species"}
+    with pytest.raises(ValueError, match="needs per-atom atomic numbers"):
+        tr.set_datasets(no_species, train_ratio=0.5)
     # a padded atom may carry any species
     data["mask"] = np.ones(data["species"].shape, bool)
     data["mask"][3, 2] = False

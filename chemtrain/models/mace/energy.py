@@ -45,6 +45,9 @@ def species_to_elements(cfg: MaceConfig, species):
 def check_species(cfg: MaceConfig, species, mask=None) -> None:
     """Raise :class:`UnknownElementError` if a real atom's atomic number
     (``species``) is not one of the model's elements."""
+    if species is None:
+        raise ValueError("The MACE model needs per-atom atomic numbers: add a 'species' array "
+                         "(structures x atoms, integers) to the dataset.")
     z = np.asarray(species)
     real = np.ones(z.shape, bool) if mask is None else np.asarray(mask).astype(bool)
     if not np.issubdtype(z.dtype, np.integer):
@@ -98,5 +101,5 @@ def energy_fn_template(cfg: MaceConfig, displacement_fn: Callable, method: str |
         return energy_fn
 
     template.check_vma = CHECK_VMA
-    template.validate_dataset = lambda data: check_species(cfg, data["species"], data.get("mask"))
+    template.validate_dataset = lambda data: check_species(cfg, data.get("species"), data.get("mask"))
     return template
