@@ -102,6 +102,25 @@ def test_architecture_read_from_file(torch_models):
     assert cfg.layers[0].hidden_irreps == "8x0e+8x1o" and cfg.layers[1].hidden_irreps == "8x0e"
 
 
+def test_file_from_older_mace_torch(torch_models, tmp_path):
+    """Models pickled by older mace-torch releases lack attributes added
+    since (edge_irreps, heads, apply_cutoff, ...); they convert the same."""
+    import torch
+    m = torch.load(torch_models("medium"), weights_only=False)
+    for inter in m.interactions:
+        del inter.edge_irreps
+    for attr in ("heads", "use_agnostic_product", "use_so3", "use_last_readout_only"):
+        delattr(m, attr)
+    del m.radial_embedding.apply_cutoff
+    path = str(tmp_path / "old.model")
+    torch.save(m, path)
+    cfg_old, params_old = cm.load_mace_torch(path)
+    cfg, params = cm.load_mace_torch(torch_models("medium"))
+    assert cfg_old == cfg
+    for a, b in zip(jax.tree.leaves(params_old), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("kind", ["molecule", "cell"])
 def test_padding_changes_nothing(torch_models, kind):
     cfg, params = cm.load_mace_torch(torch_models("b3"))

@@ -125,16 +125,19 @@ def config_from_torch(m) -> M.MaceConfig:
                 act_constants.append(float(layer.act.cst))
         if getattr(prod, "use_sc", True) is False and iname == M.RESIDUAL and t > 0:
             _unsupported("product block without self-connection")
+        # models written by older mace-torch releases (MACE-MP-0 of 2023) have
+        # no edge_irreps attribute: their edges carry the node irreps
+        edge_irreps = getattr(inter, "edge_irreps", None) or inter.node_feats_irreps
         layers.append(M.Layer(
             interaction=iname,
             node_irreps=str(inter.node_feats_irreps),
-            edge_irreps=str(inter.edge_irreps),
+            edge_irreps=str(edge_irreps),
             target_irreps=str(inter.target_irreps),
             hidden_irreps=str(prod.linear.irreps_out),
             correlation=int(sc.contractions[0].correlation),
             readout=readout,
         ))
-        if str(inter.edge_irreps) != str(inter.node_feats_irreps):
+        if str(edge_irreps) != str(inter.node_feats_irreps):
             _unsupported("edge_irreps different from the node features")
     if not np.allclose(act_constants, act_constants[0], rtol=1e-12, atol=0):
         _unsupported(f"different activation normalisations {act_constants}")
