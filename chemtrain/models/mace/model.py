@@ -160,9 +160,13 @@ def symmetric_descriptor(in_irreps: str, out_irreps: str, correlation: int):
 
 
 def default_method() -> str:
-    """cuequivariance-jax execution method: the CUDA kernel on a GPU, plain
-    JAX elsewhere."""
-    return "uniform_1d" if jax.default_backend() == "gpu" else "naive"
+    """cuequivariance-jax execution method: the CUDA kernel on a GPU when its
+    package (cuequivariance-ops-jax-cu12/cu13) is installed, plain JAX
+    elsewhere."""
+    if jax.default_backend() != "gpu":
+        return "naive"
+    import importlib.util
+    return "uniform_1d" if importlib.util.find_spec("cuequivariance_ops_jax") else "naive"
 
 
 # --------------------------------------------------------------------------
