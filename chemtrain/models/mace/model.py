@@ -191,9 +191,10 @@ def linear_instructions(irreps_in: str, irreps_out: str):
     return [(i, j) for i, (_, ir_i) in enumerate(a) for j, (_, ir_j) in enumerate(b) if ir_i == ir_j]
 
 
-def linear(weights: Sequence, blocks, irreps_in: str, irreps_out: str):
-    """e3nn ``o3.Linear`` (no biases): each output block sums the matching
-    input blocks times a (mul_in, mul_out) matrix, over sqrt(fan-in)."""
+def _path_sum(weights: Sequence, blocks, irreps_in: str, irreps_out: str, product, fan_factor=1):
+    """Each output block: the sum over e3nn's linear paths (:func:`linear_instructions`)
+    of ``product(input block, path weight)``, over sqrt(fan-in); zeros where
+    no path arrives."""
     a, b = irreps(irreps_in), irreps(irreps_out)
     instr = linear_instructions(irreps_in, irreps_out)
     n = blocks[0].shape[0]
@@ -203,34 +204,28 @@ def linear(weights: Sequence, blocks, irreps_in: str, irreps_out: str):
         if not terms:
             out.append(jnp.zeros((n, ir_j.dim, mul_j), blocks[0].dtype))
             continue
-        fan = sum(a[i].mul for _, i in terms)
-        acc = sum(blocks[i] @ w for w, i in terms)
-        out.append(acc / math.sqrt(fan))
+        fan = sum(a[i].mul * fan_factor for _, i in terms)
+        out.append(sum(product(blocks[i], w) for w, i in terms) / math.sqrt(fan))
     return out
+
+
+def linear(weights: Sequence, blocks, irreps_in: str, irreps_out: str):
+    """e3nn ``o3.Linear`` (no biases): each output block sums the matching
+    input blocks times a (mul_in, mul_out) matrix, over sqrt(fan-in)."""
+    return _path_sum(weights, blocks, irreps_in, irreps_out, lambda x, w: x @ w)
 
 
 def element_linear(weights: Sequence, blocks, element, irreps_in: str, irreps_out: str,
                    num_elements: int):
     """Element-dependent linear map: e3nn's ``FullyConnectedTensorProduct``
-    of the features with the one-hot element (mace-torch's ``skip_tp``), whose
-    paths are those of :func:`linear`; each weight has shape
+    of the features with the one-hot element (mace-torch's ``skip_tp``), on
+    the paths of :func:`linear`; each weight has shape
     (mul_in, num_elements, mul_out)."""
-    a, b = irreps(irreps_in), irreps(irreps_out)
-    instr = linear_instructions(irreps_in, irreps_out)
-    n = blocks[0].shape[0]
-    out = []
-    for j, (mul_j, ir_j) in enumerate(b):
-        terms = [(w, i) for w, (i, jj) in zip(weights, instr) if jj == j]
-        if not terms:
-            out.append(jnp.zeros((n, ir_j.dim, mul_j), blocks[0].dtype))
-            continue
-        fan = sum(a[i].mul * num_elements for _, i in terms)
-        # gather each atom's (mul_in, mul_out) matrix: cost independent of
-        # the number of elements the model knows
-        acc = sum(jnp.einsum("ndu,nuw->ndw", blocks[i], jnp.moveaxis(w[:, element, :], 1, 0))
-                  for w, i in terms)
-        out.append(acc / math.sqrt(fan))
-    return out
+    # gather each atom's (mul_in, mul_out) matrix: cost independent of the
+    # number of elements the model knows
+    return _path_sum(weights, blocks, irreps_in, irreps_out,
+                     lambda x, w: jnp.einsum("ndu,nuw->ndw", x, jnp.moveaxis(w[:, element, :], 1, 0)),
+                     fan_factor=num_elements)
 
 
 def mlp(weights: Sequence, x, act_constant: float):

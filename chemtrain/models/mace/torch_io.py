@@ -123,8 +123,6 @@ def config_from_torch(m) -> M.MaceConfig:
             if layer.act is not None:
                 _check_silu(layer.act.f)
                 act_constants.append(float(layer.act.cst))
-        if getattr(prod, "use_sc", True) is False and iname == M.RESIDUAL and t > 0:
-            _unsupported("product block without self-connection")
         # models written by older mace-torch releases (MACE-MP-0 of 2023) have
         # no edge_irreps attribute: their edges carry the node irreps
         edge_irreps = getattr(inter, "edge_irreps", None) or inter.node_feats_irreps
