@@ -79,12 +79,15 @@ def main():
     if args.diverge and proc == 1:
         tr.params["layers"][1]["w"] = tr.params["layers"][1]["w"] + 1e-12
     if proc == args.fail_rank:
-        loader = tr._loaders["training"]
+        loader = tr.data["training"]
         original = loader.local_batches
 
         def failing(strategy, epoch=0):
             for i, b in enumerate(original(strategy, epoch)):
                 if i == 2:
+                    import time
+                    with open(os.path.join(args.out, f"fail_time_{proc}.txt"), "w") as f:
+                        f.write(repr(time.time()))
                     raise OSError(f"simulated read failure on process {proc}")
                 yield b
         loader.local_batches = failing

@@ -157,3 +157,78 @@ def test_training_without_mpi_modules(data_file, tmp_path, parallelism, devices)
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "DONE 0" in out.stdout
+
+
+# -- failures end every process; errors raised together keep their class --------------
+def run_case(case, data_file, tmp_path, n=2, timeout=300, **files):
+    """(return code, output, seconds from the failure to the end of mpirun)."""
+    import time
+    extra = [x for k, v in files.items() for x in (f"--{k.replace('_', '-')}", v)]
+    rc, out, _ = mp.mpirun(n, [os.path.join(mp.HERE, "mp_failures.py"), "--case", case, "--data",
+                               data_file, "--out", str(tmp_path), *extra], timeout=timeout)
+    ended = time.time()
+    failed = [float(p.read_text()) for p in tmp_path.glob("fail_time_*.txt")]
+    return rc, out, ended - min(failed) if failed else None
+
+
+def errors(tmp_path, n=2):
+    return [(tmp_path / f"error_{i}.txt").read_text() if (tmp_path / f"error_{i}.txt").exists()
+            else "" for i in range(n)]
+
+
+def write_h5(path, data, rows):
+    import h5py
+    with h5py.File(path, "w") as f:
+        for k in ("R", "U", "F"):
+            f[k] = data[k][:rows]
+    return str(path)
+
+
+def test_rank_raising_between_train_calls_ends_all(data_file, tmp_path):
+    rc, out, seconds = run_case("between", data_file, tmp_path)
+    assert rc != 0
+    assert "RuntimeError: user code failed between train() calls on process 1" in out
+    assert "FINISHED-NORMALLY" not in out and seconds < 60, seconds
+
+
+def test_hdf5_missing_on_one_rank_or_differing_ends_all(data_file, tmp_path):
+    with np.load(data_file) as z:
+        data = {k: z[k] for k in ("R", "U", "F")}
+    a, b = write_h5(tmp_path / "a.h5", data, 24), write_h5(tmp_path / "b.h5", data, 20)
+    (tmp_path / "missing").mkdir()
+    rc, out, seconds = run_case("missing_h5", data_file, tmp_path / "missing", h5=a)
+    assert rc != 0 and "FileNotFoundError" in out and "no_such_file.h5" in out
+    assert "FINISHED-NORMALLY" not in out and seconds < 60, seconds
+    (tmp_path / "differ").mkdir()
+    rc, out, seconds = run_case("differing_h5", data_file, tmp_path / "differ", h5=a, h5_other=b)
+    assert rc != 0 and "FINISHED-NORMALLY" not in out and seconds < 60, seconds
+    for err in errors(tmp_path / "differ"):  # every rank raised the same error
+        assert "ValueError: The processes of this run disagree on the HDF5 file" in err, err
+
+
+def test_root_error_keeps_its_class_on_every_rank(data_file, tmp_path):
+    rc, out, _ = run_case("root_error", data_file, tmp_path)
+    assert rc == 0, out[-3000:]
+    for err in errors(tmp_path):
+        assert err.startswith("UnknownElementError: atomic number 99"), err
+
+
+def test_restore_checks_ranks_agree_and_reads_on_root(data_file, tmp_path):
+    rc, out, _ = run_case("restore", data_file, tmp_path)
+    assert rc == 0, out[-3000:]
+    for err in errors(tmp_path):
+        first, second = err.strip().split("\n")
+        assert first.startswith("ValueError: The processes of this run disagree on the "
+                                "checkpoint to restore"), first
+        assert second.startswith("CheckpointNotFoundError") and "missing.npz" in second, second
+
+
+def test_jax_distributed_failure_ends_both(data_file, tmp_path):
+    import time
+    codes, out = mp.distributed(2, ["--data", data_file, "--out", str(tmp_path),
+                                    "--parallelism", "jax", "--fail-rank", "1"], timeout=300)
+    seconds = time.time() - float((tmp_path / "fail_time_1.txt").read_text())
+    assert all(c != 0 for c in codes), (codes, out[-3000:])
+    assert "OSError: simulated read failure on process 1" in out
+    assert "another process failed" in out  # process 0 was told, not timed out
+    assert "DONE" not in out and seconds < 120, seconds

@@ -7,13 +7,35 @@ communication and a restored run sees the same batches.
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
 from .dataset import dataset_length
 
 VALID = "_valid"
+
+
+@runtime_checkable
+class Loader(Protocol):
+    """What a trainer relies on in a data loader.
+
+    ``n`` structures; ``seed`` of the batch order (a restored trainer sets
+    it); ``len(loader)`` batches per epoch; ``local_batches(strategy, epoch)``
+    yields this process's numpy rows of every global batch with a boolean
+    ``_valid`` column. ``configure`` binds a loader that reads for itself to
+    a trainer (``trainer.set_loader`` calls it); in-memory loaders are built
+    configured.
+    """
+    n: int
+    seed: int
+
+    def __len__(self) -> int: ...
+
+    def configure(self, batch: int, training: bool, seed: int, strategy, required=(),
+                  weights=()) -> None: ...
+
+    def local_batches(self, strategy, epoch: int = 0) -> Iterator[dict]: ...
 
 
 def epoch_order(n: int, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
@@ -42,6 +64,11 @@ class InMemoryLoader:
 
     def __len__(self) -> int:
         return n_batches(self.n, self.batch, self.drop_last)
+
+    def configure(self, batch: int, training: bool, seed: int, strategy, required=(),
+                  weights=()) -> None:
+        """Built configured by the trainer; only the seed can change."""
+        self.seed = seed
 
     def global_batches(self, epoch: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         return global_batches(self, epoch)

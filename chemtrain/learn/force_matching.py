@@ -21,6 +21,18 @@ from ..data.loader import VALID
 TARGETS = ("U", "F")
 
 
+def check_gammas(gammas: Mapping[str, float] | None) -> dict:
+    """Loss weights per target (default U and F 1.0), each finite and >= 0."""
+    gammas = dict({"U": 1.0, "F": 1.0} if gammas is None else gammas)
+    for t, g in gammas.items():
+        if t not in TARGETS:
+            raise ValueError(f"Unknown target {t!r} in gammas; force matching trains {TARGETS}.")
+        if not (isinstance(g, (int, float, np.number)) and np.isfinite(g) and g >= 0):
+            raise ValueError(f"gammas[{t!r}] = {g!r} must be a finite number >= 0 (a loss "
+                             f"weight); leave a target out of gammas to not train on it.")
+    return gammas
+
+
 def mask_neighbors(nbrs, mask):
     """Point every neighbor-list edge that touches a padded atom at the
     sentinel index N, so that padded atoms have no neighbors."""
@@ -157,3 +169,13 @@ def finish_metrics(sums: Mapping, targets) -> dict:
         c = max(float(sums[t]["count"]), 1.0)
         out[t] = {"MAE": float(sums[t]["abs"]) / c, "RMSE": float(np.sqrt(float(sums[t]["sq"]) / c))}
     return out
+
+
+def failed_step_message(nbr_errors: int, loss: float, where: str) -> str:
+    """Why a step was not applied, and what to do about it."""
+    if nbr_errors:
+        return (f"The neighbor list overflowed (or saw an invalid box) for {nbr_errors} "
+                f"structure(s) in {where}. Allocate nbrs_init on the densest, largest structure "
+                f"with a larger capacity_multiplier.")
+    return (f"The loss is {loss} in {where}. Lower the learning rate or check the data and "
+            f"the energy function.")

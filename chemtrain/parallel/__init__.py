@@ -75,14 +75,32 @@ def resolve(parallelism: str = "auto") -> str:
     return "single"
 
 
-def make_strategy(parallelism: str = "auto", mesh=None, check_vma: bool = True) -> Strategy:
+def make_strategy(parallelism: str = "auto", mesh=None, check_vma: bool = True,
+                  allow_jax: bool = True, trainer: str = "this trainer") -> Strategy:
     """Build the strategy for ``parallelism`` ('auto', 'single', 'jax', 'mpi').
 
     ``mesh`` (a 1-D ``jax.sharding.Mesh`` with axis ``'data'``) selects the
     devices for 'jax' (and makes 'auto' mean 'jax'). ``check_vma=False``
     turns off shard_map's varying-axis check, for models whose primitives
-    drop that information.
+    drop that information. ``allow_jax=False`` is for trainers that spread
+    work over MPI ranks only (DiffTRe): 'auto' then means 'mpi' with several
+    ranks and 'single' otherwise, and JAX sharding is an error naming
+    ``trainer``.
     """
+    if not allow_jax:
+        method = resolve(parallelism) if parallelism != "auto" else None
+        if parallelism == "jax" or mesh is not None or jax_process_count() > 1:
+            raise ValueError(
+                f"{trainer} does not support JAX sharding (parallelism='jax', a mesh, or "
+                f"jax.distributed with {jax_process_count()} process(es)). Run one process per "
+                f"device under mpirun with parallelism='mpi' (or 'auto'), or 'single'.")
+        if method is None:
+            method = "mpi" if mpi_world_size() > 1 else "single"
+        if method == "single":
+            from .single import SingleStrategy
+            return SingleStrategy()
+        from .mpi import MpiStrategy
+        return MpiStrategy()
     if mesh is not None and parallelism in ("auto", "jax"):
         from .jax_mesh import JaxStrategy, check_mesh
         resolve("jax")  # still refuses an accidental MPI + jax.distributed mix
@@ -100,4 +118,7 @@ def make_strategy(parallelism: str = "auto", mesh=None, check_vma: bool = True) 
     return MpiStrategy()
 
 
-__all__ = ["Strategy", "make_strategy", "resolve", "METHODS"]
+from .failures import agree, on_root, raised_everywhere  # noqa: E402
+
+__all__ = ["Strategy", "make_strategy", "resolve", "METHODS", "on_root", "agree",
+           "raised_everywhere"]

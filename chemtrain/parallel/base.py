@@ -98,19 +98,59 @@ class Strategy(abc.ABC):
         """List of every process's ``value`` (a numpy array of equal shape)."""
         return [value]
 
+    def local_items(self, n: int) -> range:
+        """The items (e.g. DiffTRe state points) this process computes out of
+        ``n``: one contiguous block per process; when ``n`` does not divide,
+        the first ``n % process_count`` processes take one more."""
+        size, rank = self.process_count, self.process_index
+        base, extra = divmod(n, size)
+        start = rank * base + min(rank, extra)
+        return range(start, start + base + (rank < extra))
+
+    def host_sum(self, tree: Pytree) -> Pytree:
+        """Sum of a pytree of numpy arrays (equal structure) over processes."""
+        return tree
+
+    def check_same(self, value: Any, what: str) -> None:
+        """Raise the same ``ValueError`` on every process unless ``value``
+        (JSON-like: numbers, strings, lists, dicts) is equal on all of them.
+
+        ``what`` names the thing compared, e.g. "the HDF5 file's rows and
+        datasets"; the message lists each process's value (shortened)."""
+        import json
+        import zlib
+        text = json.dumps(value, sort_keys=True, default=str)
+        mine = np.array([zlib.crc32(text.encode()), len(text)], np.int64)
+        sums = [np.asarray(s) for s in self.host_allgather(mine)]
+        if all(np.array_equal(s, sums[0]) for s in sums):
+            return
+        values = self.host_allgather_object(text[:300])
+        listing = "; ".join(f"process {i}: {v}" for i, v in enumerate(values))
+        from .failures import raised_everywhere
+        raise raised_everywhere(ValueError(
+            f"The processes of this run disagree on {what}; every process must use the same. "
+            f"{listing}"))
+
+    def host_allgather_object(self, obj: Any) -> list:
+        """List of every process's small JSON-like ``obj``."""
+        return [obj]
+
     def scatter_rows(self, global_batch, schema, batch):
         """Rows of this process from the root's ``global_batch`` (only for
         strategies with ``scatters_from_root``)."""
         raise NotImplementedError
 
     def abort(self, message: str) -> None:
-        """Make every process stop after a failure on this one."""
+        """End every process after a failure on this one (multi-process
+        strategies); ``message`` is shown."""
 
     def failure_guard(self):
-        """Context manager around collective work: on an exception, make sure
-        no other process is left waiting (MPI aborts the communicator)."""
-        import contextlib
-        return contextlib.nullcontext()
+        """Context manager around work that reaches collectives: an exception
+        raised on this process alone ends every process (so none waits
+        forever); one raised on every process (see
+        :func:`chemtrain.parallel.failures.raised_everywhere`) propagates."""
+        from .failures import AbortOnError
+        return AbortOnError(self)
 
     # -- inside compiled per-shard functions ------------------------------
     def vary(self, tree: Pytree) -> Pytree:

@@ -52,6 +52,10 @@ class JaxStrategy(Strategy):
                 "This process's devices are not contiguous along the mesh axis "
                 f"(positions {mine}); build the mesh from jax.devices() in order.")
         self._my_positions = mine
+        if self.process_count > 1:
+            from .failures import install_excepthook, start_jax_watchdog
+            start_jax_watchdog()
+            install_excepthook(self)
 
     @property
     def n_shards(self) -> int:
@@ -113,6 +117,22 @@ class JaxStrategy(Strategy):
             return [value]
         from jax.experimental import multihost_utils
         return list(np.asarray(multihost_utils.process_allgather(np.asarray(value))))
+
+    def host_allgather_object(self, obj):
+        if self.process_count == 1:
+            return [obj]
+        import json
+        from jax.experimental import multihost_utils
+        data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+        n = int(np.max(multihost_utils.process_allgather(np.int64(data.size))))
+        buf = np.zeros(n, np.uint8)
+        buf[:data.size] = data
+        rows = np.asarray(multihost_utils.process_allgather(buf))
+        return [json.loads(r.tobytes().rstrip(b"\0").decode()) for r in rows]
+
+    def abort(self, message: str) -> None:
+        from .failures import jax_abort
+        jax_abort(message)
 
     def barrier(self):
         if self.process_count > 1:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 import time
-import traceback
 
 import jax
 import numpy as np
@@ -63,6 +62,8 @@ class MpiStrategy(Strategy):
         if self.comm.Get_size() > 1:
             self._mpi4jax = _import_mpi4jax()
             self._jax_comm = self.comm.Clone()  # mpi4jax gets its own communicator
+            from .failures import install_excepthook
+            install_excepthook(self)
 
     @property
     def n_shards(self) -> int:
@@ -121,6 +122,19 @@ class MpiStrategy(Strategy):
     def host_allgather(self, value):
         return self.comm.allgather(value)
 
+    def host_sum(self, tree):
+        if self.n_shards == 1:
+            return tree
+        def reduce(x):
+            x = np.ascontiguousarray(x)
+            out = np.empty_like(x)
+            self.comm.Allreduce(x, out, op=self._MPI.SUM)
+            return out
+        return jax.tree.map(reduce, tree)
+
+    def host_allgather_object(self, obj):
+        return self.comm.allgather(obj)
+
     def barrier(self):
         self.comm.Barrier()
 
@@ -128,16 +142,12 @@ class MpiStrategy(Strategy):
         return self.comm.bcast(obj, root=0)
 
     def abort(self, message: str) -> None:
-        sys.stderr.write(f"chemtrain: rank {self.process_index} of {self.n_shards} failed; "
-                         f"aborting all ranks.\n{message}\n")
+        sys.stderr.write(f"{message}\nchemtrain: aborting all {self.n_shards} MPI ranks.\n")
         sys.stderr.flush()
         # Give the launcher a moment to forward the message: once any rank
         # aborts, mpirun tears the job down and may drop unread output.
         time.sleep(1.0)
         self.comm.Abort(1)
-
-    def failure_guard(self):
-        return _AbortOnError(self)
 
     # -- inside compiled per-shard functions ------------------------------
     def _allreduce_sum(self, tree):
@@ -163,20 +173,3 @@ class MpiStrategy(Strategy):
 
     def describe(self):
         return f"mpi: {self.n_shards} rank(s), one device each"
-
-
-class _AbortOnError:
-    """On an exception in a multi-rank run: print it, then abort every rank
-    (a rank that stops alone would leave the others waiting in a collective)."""
-
-    def __init__(self, strategy):
-        self.strategy = strategy
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc is None or self.strategy.n_shards == 1 or isinstance(exc, KeyboardInterrupt):
-            return False
-        self.strategy.abort("".join(traceback.format_exception(exc_type, exc, tb)))
-        return False

@@ -1,4 +1,6 @@
-"""Trainers: thin stateful shells over the pure functions in chemtrain.learn."""
-from .force_matching import ForceMatching, TrainingError
+"""Trainers: thin stateful shells over the pure functions in chemtrain.learn,
+composed of the shared services in :mod:`chemtrain.trainers.services`."""
+from .force_matching import ForceMatching
+from .services import TrainingError
 
 __all__ = ["ForceMatching", "TrainingError"]

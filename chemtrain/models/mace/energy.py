@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from chemtrain import units
 from chemtrain.models.mace.model import MaceConfig, node_energies
 from chemtrain.models.pair import neighbor_pairs
+from chemtrain.models.template import EnergyTemplate
 
 LENGTH_TO_ANGSTROM = 1.0 / units.ANGSTROM_TO_NM   # nm -> Angstrom
 ENERGY_TO_KJ_PER_MOL = units.EV_TO_KJ_PER_MOL      # eV -> kJ/mol
@@ -26,8 +27,8 @@ ENERGY_TO_KJ_PER_MOL = units.EV_TO_KJ_PER_MOL      # eV -> kJ/mol
 # the trainer's step (chemtrain.learn.step) still casts the parameters to
 # varying before differentiating and averages the local gradients with an
 # explicit pmean (Strategy.vary / Strategy.mean_gradient), which is correct
-# with or without the check. ForceMatching reads this attribute of the
-# template. Remove it (set True) once cuequivariance-jax keeps the varying
+# with or without the check. The template carries it as EnergyTemplate.check_vma.
+# Remove it (set True) once cuequivariance-jax keeps the varying
 # type in both forward- and reverse-mode derivatives.
 CHECK_VMA = False
 
@@ -100,6 +101,6 @@ def energy_fn_template(cfg: MaceConfig, displacement_fn: Callable, method: str |
             return jnp.where(unknown, jnp.nan, energy)
         return energy_fn
 
-    template.check_vma = CHECK_VMA
-    template.validate_dataset = lambda data: check_species(cfg, data.get("species"), data.get("mask"))
-    return template
+    return EnergyTemplate(template, check_vma=CHECK_VMA,
+                          validate_dataset=lambda data: check_species(cfg, data.get("species"),
+                                                                      data.get("mask")))

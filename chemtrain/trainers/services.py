@@ -1,0 +1,341 @@
+"""Services every trainer composes: progress and metrics reports, checkpoints
+with the run's metadata, failed-step handling, and the replica check.
+
+A trainer (``ForceMatching``, ``Difftre``, ``DifftreParallel``) is a loop over
+updates plus these pieces; it holds them as attributes (composition, not a
+class tower). Every method here is collective: call it on every process in
+the same order. Root-only work (writing files, printing) happens inside, and
+every process learns its outcome, so an error is raised on all processes at
+once and none waits.
+"""
+from __future__ import annotations
+
+import functools
+import glob
+import json
+import logging
+import os
+import time
+import uuid
+import zlib
+from typing import Callable, Mapping, NoReturn
+
+import jax
+import numpy as np
+
+from .. import checkpoint as ckpt
+from ..parallel.failures import on_root, raised_everywhere
+from ._progress import progress_bar
+
+SERVICES_READY = True
+
+log = logging.getLogger("chemtrain")
+
+
+def collective(method):
+    """Decorate a trainer's public method: it runs under the strategy's
+    failure guard, so an exception on one process ends every process
+    instead of leaving the others waiting in a collective."""
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        with self.strategy.failure_guard():
+            return method(self, *args, **kwargs)
+    return guarded
+
+
+class TrainingError(RuntimeError):
+    """An update failed (non-finite loss, neighbor-list overflow, a failed
+    simulation, replicas that diverged).
+
+    The failed update was not applied: the trainer keeps the last good state,
+    and an error-state file was written for diagnosis where possible.
+    """
+
+
+class Reporter:
+    """Epoch reports of the root process: a log line, tqdm bars and one JSON
+    line per epoch in ``log_file`` (for plotting)."""
+
+    def __init__(self, strategy, log_file: str | None = None, progress: bool = True):
+        self.strategy = strategy
+        self.log_file = log_file
+        self.show = bool(progress) and strategy.is_root
+
+    def epochs(self, start: int, n: int):
+        """Iterable over epoch numbers with the outer progress bar."""
+        return progress_bar(range(start, start + n), desc="epochs", disable=not self.show,
+                            position=0)
+
+    def bar(self, total: int, desc: str):
+        """An inner progress bar (steps of an epoch, state points, ...)."""
+        return progress_bar(total=total, desc=desc, leave=False, disable=not self.show,
+                            position=1)
+
+    def report(self, record: Mapping, text: str, epochs_bar=None, **postfix) -> None:
+        """Log ``text``, show ``postfix`` on the epoch bar and append ``record``
+        to the metrics file (root only)."""
+        if not self.strategy.is_root:
+            return
+        log.info(text)
+        if epochs_bar is not None and postfix and hasattr(epochs_bar, "set_postfix"):
+            epochs_bar.set_postfix(**postfix)
+        if self.log_file:
+            os.makedirs(os.path.dirname(os.path.abspath(self.log_file)), exist_ok=True)
+            with open(self.log_file, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+class CheckpointStore:
+    """Checkpoints and error states of one run, as plain data.
+
+    Only the root reads and writes; every process learns the outcome. Each
+    file records the trainer, the run's id, the number of shards and of
+    processes. A run refuses to write epoch checkpoints into a folder that
+    holds another run's, unless it was restored from one of them.
+
+    Args:
+      strategy: the run's parallel strategy.
+      folder: where epoch checkpoints and error states go.
+      trainer: the trainer's name, stored in and checked on every file.
+    """
+
+    def __init__(self, strategy, folder: str, trainer: str, trees=("params", "opt_state"),
+                 replicated=("params", "opt_state"), fields=("epoch", "step")):
+        self.strategy = strategy
+        self.folder = folder
+        self.trainer = trainer
+        self.trees, self.replicated, self.fields = tuple(trees), tuple(replicated), tuple(fields)
+        self.run_id = strategy.bcast_object(uuid.uuid4().hex if strategy.is_root else None)
+        self._folder_checked = False
+
+    def capture(self, trainer) -> tuple[dict, dict]:
+        """(trees, meta) of a trainer's state: host copies of the attributes
+        named in ``trees`` and the JSON-able attributes named in ``fields``."""
+        trees = {name: self.strategy.to_host(getattr(trainer, name)) for name in self.trees}
+        return trees, {name: getattr(trainer, name) for name in self.fields}
+
+    def restore(self, trainer, path: str, same=("n_shards",)) -> dict:
+        """Load ``path`` (see :meth:`load`) into ``trainer``'s attributes,
+        placing the ``replicated`` trees on the devices; return the metadata.
+        The run must match the checkpoint's in ``same`` (the number of shards
+        and trainer attributes such as the batch)."""
+        def check(meta):
+            ours = {k: self.strategy.n_shards if k == "n_shards" else getattr(trainer, k)
+                    for k in same}
+            theirs = {k: meta.get(k) for k in same}
+            if ours != theirs:
+                text = lambda d: ", ".join(f"{k}={v}" for k, v in d.items())  # noqa: E731
+                raise ckpt.CheckpointError(
+                    f"{path!r} was written by a run with {text(theirs)}; this run has "
+                    f"{text(ours)}. Resume with the same settings (n_shards: the number of "
+                    f"devices or MPI ranks).")
+        meta, trees = self.load(path, self.capture(trainer)[0], check)
+        for name in self.trees:
+            value = trees[name]
+            setattr(trainer, name, self.strategy.replicate(value) if name in self.replicated
+                    else value)
+        for name in self.fields:
+            value = meta[name]
+            setattr(trainer, name, list(value) if isinstance(value, list) else value)
+        return meta
+
+    def _meta(self, meta: Mapping, kind: str) -> dict:
+        return dict(meta, kind=kind, trainer=self.trainer, run_id=self.run_id,
+                    n_shards=self.strategy.n_shards, process_count=self.strategy.process_count)
+
+    def save(self, path: str, trees: Mapping, meta: Mapping, kind: str = "checkpoint") -> None:
+        """Write ``trees`` (host numpy pytrees) and ``meta`` (JSON-able) to
+        ``path`` atomically on the root; raise ``CheckpointError`` on every
+        process if that failed."""
+        full = self._meta(meta, kind)
+
+        def write():
+            try:
+                ckpt.save(path, trees, full)
+            except OSError as e:
+                raise ckpt.CheckpointError(f"Writing the {kind} {path!r} failed on the root "
+                                           f"process: {type(e).__name__}: {e}") from e
+            log.info("Saved %s to %s (epoch %s)", kind, path, meta.get("epoch"))
+
+        on_root(self.strategy, write, only_root=True)
+
+    def epoch_path(self, epoch: int) -> str:
+        return os.path.join(self.folder, f"epoch_{epoch:05d}.npz")
+
+    def check_folder(self) -> None:
+        """Refuse to go on if ``folder`` holds epoch checkpoints of another
+        run (they would be overwritten one by one)."""
+        if self._folder_checked:
+            return
+
+        def check():
+            foreign = {}
+            for path in sorted(glob.glob(os.path.join(self.folder, "epoch_*.npz"))):
+                run = read_run_id(path)
+                if run != self.run_id:
+                    foreign.setdefault(run, []).append(os.path.basename(path))
+            if foreign:
+                runs = "; ".join(f"run {r}: {', '.join(f[:3])}{' ...' if len(f) > 3 else ''}"
+                                 for r, f in foreign.items())
+                raise ckpt.CheckpointError(
+                    f"The checkpoint folder {self.folder!r} already holds checkpoints of another "
+                    f"run ({runs}); this run would overwrite them. Pass another "
+                    f"checkpoint_path, move those files away, or continue that run with "
+                    f"trainer.restore(<one of them>).")
+
+        on_root(self.strategy, check, only_root=True)
+        self._folder_checked = True
+
+    def save_epoch(self, epoch: int, trees: Mapping, meta: Mapping) -> str:
+        """Save the checkpoint of a completed epoch as ``folder/epoch_NNNNN.npz``."""
+        self.check_folder()
+        path = self.epoch_path(epoch)
+        self.save(path, trees, meta)
+        return path
+
+    def load(self, path: str, templates: Mapping, check: Callable | None = None):
+        """Read a checkpoint on the root and send it to every process.
+
+        ``templates`` maps tree names to this run's host pytrees (the
+        structure, shapes and dtypes every leaf is checked against); ``check``
+        is called with the metadata and raises ``CheckpointError`` for runs
+        that cannot continue (other world size, ...). Error states are
+        refused. Returns ``(meta, trees)`` on every process and adopts the
+        checkpoint's run id, so the run may go on writing into its folder.
+        """
+        def read():
+            meta, leaves = ckpt.load(path)
+            if meta.get("kind") != "checkpoint":
+                raise ckpt.CheckpointError(
+                    f"{path!r} is an {meta.get('kind')} written after a failure "
+                    f"({meta.get('error')}); it is for diagnosis, not for resuming.")
+            if meta.get("trainer", self.trainer) != self.trainer:
+                raise ckpt.CheckpointError(f"{path!r} was written by {meta['trainer']}, not "
+                                           f"{self.trainer}.")
+            if check is not None:
+                check(meta)
+            missing = [name for name in templates if name not in leaves]
+            if missing:
+                raise ckpt.CheckpointError(f"{path!r} lacks the part(s) {missing}.")
+            trees = {name: ckpt.unflatten_like(templates[name], leaves[name],
+                                               meta["trees"][name], name)
+                     for name in templates}
+            return meta, trees
+
+        self.strategy.check_same(os.fspath(path), "the checkpoint to restore")
+        result = on_root(self.strategy, read, only_root=True)
+        meta = self.strategy.bcast_object(result[0] if result is not None else None)
+        trees = self.strategy.broadcast_from_root(result[1] if result is not None else
+                                                  {k: jax.tree.map(np.asarray, v)
+                                                   for k, v in templates.items()})
+        self.run_id = meta.get("run_id", self.run_id)
+        self._folder_checked = os.path.abspath(os.path.dirname(path)) == os.path.abspath(self.folder)
+        return meta, trees
+
+    def fail(self, message: str, trees: Mapping, meta: Mapping,
+             name: str = "error_state") -> NoReturn:
+        """Write ``folder/<name>.npz`` (kind 'error_state', refused by
+        :meth:`load`) and raise :class:`TrainingError` on every process. If
+        the file cannot be written the TrainingError still comes, saying so."""
+        path = os.path.join(self.folder, f"{name}.npz")
+        try:
+            self.save(path, trees, dict(meta, error=message), kind="error_state")
+            where = f"{path} holds it for diagnosis"
+        except ckpt.CheckpointError as e:
+            where = f"the error state could not be written ({e})"
+        raise raised_everywhere(TrainingError(
+            f"{message} The update was not applied; the trainer holds the last good state, "
+            f"and {where}."))
+
+
+def read_run_id(path: str) -> str | None:
+    """The run id in a checkpoint's header, without reading its arrays
+    (None when the file is not readable as a checkpoint)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return json.loads(z["__meta__"].tobytes().decode()).get("run_id")
+    except Exception:  # noqa: BLE001 - any unreadable file counts as foreign
+        return None
+
+
+def check_consistency(strategy, trees: Mapping, step: int) -> None:
+    """Compare checksums of every leaf of ``trees`` (host numpy) across
+    processes; raise :class:`TrainingError` on every process naming the first
+    leaf whose replicas differ."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(dict(trees))
+    sums = np.array([zlib.crc32(np.ascontiguousarray(v).tobytes()) for _, v in flat], np.int64)
+    for proc, other in enumerate(strategy.host_allgather(sums)):
+        diff = np.nonzero(np.asarray(other) != sums)[0]
+        if diff.size:
+            raise raised_everywhere(TrainingError(
+                f"Replicas diverged after step {step}: "
+                f"{jax.tree_util.keystr(flat[diff[0]][0])} differs between process "
+                f"{strategy.process_index} and process {proc} "
+                f"({diff.size} leaf/leaves differ in all)."))
+
+
+_add = jax.jit(lambda a, b: jax.tree.map(lambda x, y: x + y, a, b))
+
+
+def add_trees(a, b):
+    """Leaf-wise sum of two device pytrees (``a`` may be None), jitted."""
+    return b if a is None else _add(a, b)
+
+
+def run_steps(strategy, step: Callable, batches, on_failure: Callable, bar=None,
+              first_step: int = 0, every: int | None = None, at_every: Callable | None = None):
+    """Apply ``step(batch) -> stats`` to every batch and check each step on
+    the host while the next one runs (no pipeline stall).
+
+    ``stats`` are device values with 'ok' and 'loss' (replicated) and 'sum',
+    a pytree summed over the steps. A step whose 'ok' is False calls
+    ``on_failure(stats, index, applied)`` (it must raise), where ``applied``
+    counts the steps of this call that did change the state. ``at_every(k)``
+    runs after every ``every``-th global step. Returns (steps, summed 'sum').
+    """
+    def check(stats, later, index):
+        ok, loss = strategy.to_host((stats["ok"], stats["loss"]))
+        if not bool(ok):
+            on_failure(stats, index, index + (int(strategy.to_host(later["ok"]))
+                                              if later is not None else 0))
+        return float(loss)
+
+    n, total, prev = 0, None, None  # memory stays flat however long the epoch
+    for batch in batches:
+        stats = step(batch)
+        total = add_trees(total, stats["sum"])
+        n += 1
+        if every and at_every is not None and (first_step + n) % every == 0:
+            at_every(first_step + n)
+        if prev is not None:
+            loss = check(prev, stats, n - 2)
+            if bar is not None:
+                bar.set_postfix(loss=f"{loss:.4g}")
+        prev = stats
+        if bar is not None:
+            bar.update()
+    if bar is not None:
+        bar.close()
+    if prev is not None:
+        check(prev, None, n - 1)
+    return n, total
+
+
+def init_state(strategy, init_params, optimizer):
+    """(params, opt_state) replicated on the devices and the host params: the
+    root's ``init_params`` and its optimizer state, on every process."""
+    host_params = strategy.broadcast_from_root(jax.tree.map(np.asarray, init_params))
+    host_opt = strategy.broadcast_from_root(jax.tree.map(np.asarray, optimizer.init(host_params)))
+    return strategy.replicate(host_params), strategy.replicate(host_opt), host_params
+
+
+def close_epoch(trainer, record: dict, text: str, epochs_bar, started: float,
+                checkpoint_freq: int | None, **postfix) -> None:
+    """End an epoch of ``trainer`` (which has ``strategy``, ``reporter``,
+    ``store``, ``history`` and ``epoch``): the slowest process's time, the
+    history, the report and, every ``checkpoint_freq`` epochs, a checkpoint."""
+    record["time_s"] = trainer.strategy.host_max(time.perf_counter() - started)
+    trainer.history.append(record)
+    trainer.reporter.report(record, f"{text} ({record['time_s']:.2f} s)", epochs_bar, **postfix)
+    if checkpoint_freq and trainer.epoch % checkpoint_freq == 0:
+        trainer.store.save_epoch(trainer.epoch, *trainer.store.capture(trainer))
