@@ -95,7 +95,7 @@ def main():
     torch.save(tm.cpu(), path)
     tm = tm.to(args.device)
     t0 = time.perf_counter()
-    cfg, params = cm.load_mace_torch(path)
+    cfg, params = cm.load_mace_torch(path, trusted=True)
     t_convert = time.perf_counter() - t0
 
     atoms = nanotube()

@@ -1,28 +1,59 @@
 """Plain-data checkpoints: numpy arrays and JSON, never pickled code.
 
 A checkpoint is one ``.npz`` file (read with ``allow_pickle=False``) with a
-JSON header ``__meta__`` (format name and version, epoch, number of shards,
-the key paths of every saved pytree, and any JSON-able extras) and one array
-per pytree leaf. Pytree structure comes back from a template the caller
-supplies (the trainer's own state), and every leaf is checked against it.
-Files are written atomically: temporary file, fsync, rename.
+JSON header ``__meta__`` (format name and version, the key paths of every
+saved pytree, and the caller's JSON-able metadata such as the epoch and the
+number of shards) and one array per pytree leaf. Pytree structure comes back
+from a template the caller supplies (the trainer's own state), and every leaf
+is checked against it.
+
+Damage is detected, not guessed at: since format version 2 the zip archive's
+comment (the last bytes of the file) holds the SHA-256 of everything before
+it, so a truncated file, an empty one or a single flipped byte anywhere makes
+:func:`load` raise :class:`CheckpointError` naming the file. A fallback loop
+over several checkpoints can therefore catch ``CheckpointError`` and try the
+previous file. A missing file raises :class:`CheckpointNotFoundError`, which
+is both a ``FileNotFoundError`` and a ``CheckpointError``: ``except
+FileNotFoundError`` sees only missing files, ``except CheckpointError`` sees
+every file that cannot be used. Version-1 files (no checksum) are still read.
+
+Files are written atomically: a temporary file ``.<name>.tmp-XXXXXXXX`` in the
+same directory (never named ``*.npz``), fsync, rename, fsync of the directory.
+Temporary files that a killed write left behind for the same target are
+removed at the next save of that target.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import logging
 import os
+import re
+import struct
 import tempfile
 from typing import Any, Mapping
 
 import numpy as np
 
 FORMAT = "chemtrain-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+
+_SEAL = b"chemtrain-sha256:"
+_SEAL_LEN = len(_SEAL) + 64  # prefix and hex digest: the zip comment
+_EOCD = b"PK\x05\x06"        # zip end-of-central-directory record (22 bytes + comment)
+
+log = logging.getLogger("chemtrain")
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be read into the current run."""
+    """A checkpoint that cannot be read into the current run (damaged, not a
+    checkpoint, or written for another run)."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """No file at the checkpoint's path."""
 
 
 def _leaves_with_paths(tree):
@@ -31,11 +62,37 @@ def _leaves_with_paths(tree):
     return [(jax.tree_util.keystr(p), np.asarray(v)) for p, v in flat]
 
 
+# -- atomic writes ------------------------------------------------------------
+
+def _tmp_prefix(path: str) -> str:
+    return f".{os.path.basename(path)}.tmp-"
+
+
+def _remove_stale_tmp(path: str) -> None:
+    """Remove temporary files a killed write of ``path`` left behind."""
+    directory = os.path.dirname(os.path.abspath(path))
+    pattern = re.compile(re.escape(_tmp_prefix(path)) + r"[A-Za-z0-9_]{8}")
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if pattern.fullmatch(name):
+            try:
+                os.unlink(os.path.join(directory, name))
+                log.info("Removed %s, left by an interrupted write of %s", name, path)
+            except OSError:
+                pass
+
+
 def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a crash leaves the old file or the new one."""
+    """Write ``data`` to ``path`` so that a crash leaves the old file or the
+    new one (plus, after a kill, a ``.<name>.tmp-*`` file that the next write
+    of ``path`` removes)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=directory)
+    _remove_stale_tmp(path)
+    fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(path), dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -56,6 +113,30 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
         pass
 
 
+# -- the checksum in the zip comment ------------------------------------------
+
+def _seal(data: bytes) -> bytes:
+    """Put the SHA-256 of the archive into its comment (the file's end)."""
+    if data[-22:-18] != _EOCD or data[-2:] != b"\0\0":
+        raise RuntimeError("numpy wrote an npz archive without the expected end record.")
+    body = data[:-2] + struct.pack("<H", _SEAL_LEN)
+    return body + _SEAL + hashlib.sha256(body).hexdigest().encode()
+
+
+def _verify(data: bytes, path: str) -> bool:
+    """True if ``data`` carries a checksum and it matches; raise if it
+    carries one that does not; False if it carries none."""
+    tail = data[-_SEAL_LEN:]
+    if len(data) < _SEAL_LEN + 22 or not tail.startswith(_SEAL):
+        return False
+    if hashlib.sha256(data[:-_SEAL_LEN]).hexdigest().encode() != tail[len(_SEAL):]:
+        raise CheckpointError(f"{path!r} is damaged: its SHA-256 checksum does not match its "
+                              f"contents (a changed or corrupted byte). Use an earlier checkpoint.")
+    return True
+
+
+# -- save and load --------------------------------------------------------------
+
 def save(path: str, trees: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
     """Save pytrees of arrays (``trees``) and JSON-able ``meta`` to ``path``."""
     arrays, paths = {}, {}
@@ -72,27 +153,74 @@ def save(path: str, trees: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
     arrays["__meta__"] = np.frombuffer(json.dumps(header).encode(), np.uint8)
     buf = io.BytesIO()
     np.savez(buf, **arrays)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, _seal(buf.getvalue()))
 
 
 def load(path: str) -> tuple[dict, dict[str, list[np.ndarray]]]:
-    """Read a checkpoint: (meta, {tree name: list of leaves}). Runs no code."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"No checkpoint at {path!r}.")
+    """Read a checkpoint: ``(meta, {tree name: list of leaves})``. Runs no code.
+
+    Raises :class:`CheckpointNotFoundError` (a ``FileNotFoundError``) when
+    there is no file, and :class:`CheckpointError` naming the file for
+    anything else: damage of any kind, another file format, a header without
+    the expected fields, or missing arrays.
+    """
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError as e:
+        raise CheckpointNotFoundError(f"No checkpoint at {path!r}.") from e
+    except IsADirectoryError as e:
+        raise CheckpointError(f"{path!r} is a directory, not a checkpoint file.") from e
+    if not data:
+        raise CheckpointError(f"{path!r} is empty (0 bytes): an interrupted copy or a full "
+                              f"disk? Use an earlier checkpoint.")
+    sealed = _verify(data, path)
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            if not hasattr(z, "files"):
+                raise ValueError("a single .npy array, not an .npz archive")
+            if "__meta__" not in z.files:
+                raise CheckpointError(f"{path!r} is not a chemtrain checkpoint (an .npz file "
+                                      f"without the '__meta__' header; it has {z.files[:8]}).")
             meta = json.loads(z["__meta__"].tobytes().decode())
             files = {k: z[k] for k in z.files if k != "__meta__"}
-    except (ValueError, KeyError, OSError) as e:
-        raise CheckpointError(f"{path!r} is not a chemtrain checkpoint ({e}).") from e
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path!r} is not a chemtrain checkpoint (format {meta.get('format')!r}).")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{path!r} has checkpoint format version {meta.get('format_version')}, "
-                              f"this chemtrain reads version {FORMAT_VERSION}.")
-    leaves = {name: [files[f"{name}/{i:05d}"] for i in range(len(p))]
-              for name, p in meta["trees"].items()}
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - zipfile, numpy and json raise many kinds
+        raise CheckpointError(f"{path!r} is not a chemtrain checkpoint or is damaged "
+                              f"({type(e).__name__}: {e}).") from e
+    _check_header(meta, path, sealed)
+    leaves = {}
+    for name, keys in meta["trees"].items():
+        wanted = [f"{name}/{i:05d}" for i in range(len(keys))]
+        missing = [k for k in wanted if k not in files]
+        if missing:
+            raise CheckpointError(f"{path!r} is damaged: the header lists {len(keys)} arrays of "
+                                  f"{name!r} but {len(missing)} are missing ({missing[:3]}).")
+        leaves[name] = [files[k] for k in wanted]
     return meta, leaves
+
+
+def _check_header(meta, path: str, sealed: bool) -> None:
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path!r}: the checkpoint header is a {type(meta).__name__}, "
+                              f"not a JSON object.")
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path!r} is not a chemtrain checkpoint "
+                              f"(format {meta.get('format')!r}, expected {FORMAT!r}).")
+    version = meta.get("format_version")
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
+        raise CheckpointError(f"{path!r} has checkpoint format version {version!r}; this "
+                              f"chemtrain reads versions {list(READABLE_VERSIONS)}.")
+    if version >= 2 and not sealed:
+        raise CheckpointError(f"{path!r} is damaged: a version-{version} checkpoint must end "
+                              f"with its SHA-256 checksum, and this one does not.")
+    trees = meta.get("trees")
+    if not (isinstance(trees, dict) and all(
+            isinstance(k, str) and isinstance(v, list) and all(isinstance(p, str) for p in v)
+            for k, v in trees.items())):
+        raise CheckpointError(f"{path!r} is damaged: its header lacks a valid 'trees' field "
+                              f"(tree name -> list of leaf paths), got {trees!r:.100}.")
 
 
 def unflatten_like(template, leaves: list[np.ndarray], paths: list[str], name: str):

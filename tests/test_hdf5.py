@@ -179,7 +179,7 @@ def test_prefetch_overlaps_reading_with_compute(tmp_path):
     tr.set_loader(Slow(train), "training")
     tr.train(1)  # compile
     compute = epoch_time(tr)  # reads nearly free
-    steps = len(tr._loaders["training"])
+    steps = len(tr.data["training"])
     slow = Slow(train, prefetch=2)
     slow.delay = compute / steps  # a read as long as a step
     tr.set_loader(slow, "training")

@@ -77,7 +77,7 @@ def rel(a, b):
 @pytest.mark.parametrize("dtype,tol", [("float64", 1e-6), ("float32", 1e-4)])
 def test_matches_mace_torch(torch_models, name, dtype, tol):
     path = torch_models(name, dtype)
-    cfg, params = cm.load_mace_torch(path)
+    cfg, params = cm.load_mace_torch(path, trusted=True)
     assert {a.dtype for a in jax.tree.leaves(params)} == {np.dtype(dtype)}
     e0 = dict(zip(cfg.atomic_numbers, cfg.atomic_energies))
     for kind, seed in (("molecule", 1), ("cell", 2)):
@@ -93,11 +93,11 @@ def test_matches_mace_torch(torch_models, name, dtype, tol):
 
 
 def test_architecture_read_from_file(torch_models):
-    cfg, _ = cm.load_mace_torch(torch_models("b3"))
+    cfg, _ = cm.load_mace_torch(torch_models("b3"), trusted=True)
     assert cfg.pair_repulsion and cfg.distance_transform == "Agnesi"
     assert [l.interaction for l in cfg.layers] == [
         "RealAgnosticInteractionBlock", "RealAgnosticResidualInteractionBlock"]
-    cfg, _ = cm.load_mace_torch(torch_models("medium"))
+    cfg, _ = cm.load_mace_torch(torch_models("medium"), trusted=True)
     assert [l.correlation for l in cfg.layers] == [3, 3]
     assert cfg.layers[0].hidden_irreps == "8x0e+8x1o" and cfg.layers[1].hidden_irreps == "8x0e"
 
@@ -114,8 +114,8 @@ def test_file_from_older_mace_torch(torch_models, tmp_path):
     del m.radial_embedding.apply_cutoff
     path = str(tmp_path / "old.model")
     torch.save(m, path)
-    cfg_old, params_old = cm.load_mace_torch(path)
-    cfg, params = cm.load_mace_torch(torch_models("medium"))
+    cfg_old, params_old = cm.load_mace_torch(path, trusted=True)
+    cfg, params = cm.load_mace_torch(torch_models("medium"), trusted=True)
     assert cfg_old == cfg
     for a, b in zip(jax.tree.leaves(params_old), jax.tree.leaves(params)):
         np.testing.assert_array_equal(a, b)
@@ -123,7 +123,7 @@ def test_file_from_older_mace_torch(torch_models, tmp_path):
 
 @pytest.mark.parametrize("kind", ["molecule", "cell"])
 def test_padding_changes_nothing(torch_models, kind):
-    cfg, params = cm.load_mace_torch(torch_models("b3"))
+    cfg, params = cm.load_mace_torch(torch_models("b3"), trusted=True)
     pos, Z, cell = structure(kind, 3)
     n, n_pad = len(Z), 5
     disp, nbrs = jax_setup(cfg, pos, cell)
@@ -150,7 +150,7 @@ def test_padding_changes_nothing(torch_models, kind):
 
 
 def test_save_load_needs_no_torch(torch_models, tmp_path):
-    cfg, params = cm.load_mace_torch(torch_models("medium"))
+    cfg, params = cm.load_mace_torch(torch_models("medium"), trusted=True)
     out = str(tmp_path / "medium.npz")
     cm.save(out, cfg, params)
     pos, Z, cell = structure("cell", 4)
@@ -185,7 +185,7 @@ def test_parameter_gradient_of_a_batch_is_the_sum(torch_models):
     """The trainers vmap the energy over structures; the gradient with respect
     to the parameters must be the sum of the single-structure gradients
     (cuequivariance-jax 0.13 gets this wrong for indexed weights)."""
-    cfg, params = cm.load_mace_torch(torch_models("medium"))
+    cfg, params = cm.load_mace_torch(torch_models("medium"), trusted=True)
     data, nbrs, template = finetune_data(cfg, n=3, seed=2)
     p = jax.tree.map(jnp.asarray, params)
     R, Z = jnp.asarray(data["R"]), jnp.asarray(data["species"])
@@ -202,7 +202,7 @@ def test_parameter_gradient_of_a_batch_is_the_sum(torch_models):
 def test_random_init_is_rotation_invariant(torch_models):
     """A model built in JAX alone (init_params): energy invariant and forces
     equivariant under a rotation, and translation changes nothing."""
-    cfg, _ = cm.load_mace_torch(torch_models("medium"))
+    cfg, _ = cm.load_mace_torch(torch_models("medium"), trusted=True)
     params = cm.init_params(cfg, jax.random.PRNGKey(0), jnp.float64)
     shapes = cm.param_shapes(cfg)
     assert jax.tree.map(lambda x: x.shape, params) == jax.tree.map(
@@ -224,18 +224,18 @@ def test_not_a_model_file(tmp_path):
     bad = tmp_path / "notes.model"
     bad.write_text("this is not a model\n")
     with pytest.raises(ValueError, match="not a mace-torch model file"):
-        cm.load_mace_torch(str(bad))
+        cm.load_mace_torch(str(bad), trusted=True)
     import torch
     sd = tmp_path / "state.pt"
     torch.save({"w": torch.zeros(3)}, str(sd))
     with pytest.raises(ValueError, match="state dict"):
-        cm.load_mace_torch(str(sd))
+        cm.load_mace_torch(str(sd), trusted=True)
     other = tmp_path / "linear.pt"
     torch.save(torch.nn.Linear(2, 2), str(other))
     with pytest.raises(ValueError, match="Linear, not a mace-torch MACE model"):
-        cm.load_mace_torch(str(other))
+        cm.load_mace_torch(str(other), trusted=True)
     with pytest.raises(FileNotFoundError):
-        cm.load_mace_torch(str(tmp_path / "missing.model"))
+        cm.load_mace_torch(str(tmp_path / "missing.model"), trusted=True)
 
 
 def test_unsupported_variant_named(tmp_path):
@@ -254,13 +254,13 @@ def test_unsupported_variant_named(tmp_path):
     path = str(tmp_path / "gauss.model")
     torch.save(m, path)
     with pytest.raises(cm.UnsupportedModelError, match="radial basis GaussianBasis"):
-        cm.load_mace_torch(path)
+        cm.load_mace_torch(path, trusted=True)
 
 
 def test_unknown_element_in_dataset(torch_models, tmp_path):
     import optax
     from chemtrain.trainers import ForceMatching
-    cfg, params = cm.load_mace_torch(torch_models("small"))
+    cfg, params = cm.load_mace_torch(torch_models("small"), trusted=True)
     data, nbrs, template = finetune_data(cfg, n=8, seed=5)
     data["U"], data["F"] = np.zeros(8), np.zeros_like(data["R"])
     data["species"][3, 2] = 9  # fluorine: not one of H, C, N, O
@@ -291,7 +291,7 @@ class NoMace:
 sys.meta_path.insert(0, NoMace())
 from chemtrain.models import mace as cm
 try:
-    cm.load_mace_torch('whatever.model')
+    cm.load_mace_torch('whatever.model', trusted=True)
 except ImportError as e:
     print('ERR', e)
 """
@@ -338,7 +338,7 @@ def finetune_problem(tmp_path_factory):
     initial training error 1."""
     model = mace_ref.build_torch_model("b3", symmetric_scale=1.0)
     path = mace_ref.save_torch_model(model, str(tmp_path_factory.mktemp("ft") / "student.model"))
-    cfg, params = cm.load_mace_torch(path)
+    cfg, params = cm.load_mace_torch(path, trusted=True)
     rng = np.random.default_rng(3)
     teacher = jax.tree.map(lambda x: x * (1 + 0.05 * rng.normal(size=x.shape)), params)
     data, nbrs, template = finetune_data(cfg, n=24, seed=11, teacher=(cfg, teacher))

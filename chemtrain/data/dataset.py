@@ -2,8 +2,11 @@
 
 Conventions: ``R`` positions (n, atoms, 3) in nm, ``U`` energies (n,) in
 kJ/mol, ``F`` forces (n, atoms, 3) in kJ/mol/nm, optional ``mask`` (n, atoms)
-marking real atoms, and any per-structure inputs of the energy function
-(``species``, ``box``, ...).
+marking real atoms, optional per-structure weights (n,), and any
+per-structure inputs of the energy function (``species``, ``box``, ...).
+:func:`validate_dataset` holds a dataset to these shapes (a target that
+would broadcast against the predictions is refused, not trained on), and
+:func:`check_shapes` applies the same rules to an HDF5 file's datasets.
 """
 from __future__ import annotations
 
@@ -14,25 +17,107 @@ import numpy as np
 CHECK_FINITE = ("R", "U", "F")
 
 
-def validate_dataset(data: Mapping, required: Iterable[str] = ("R",), name: str = "dataset") -> dict:
+def _fmt(shape) -> str:
+    return "(" + ", ".join(str(int(s)) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def check_shapes(shapes: Mapping[str, tuple], n: int, name: str = "dataset",
+                 weights: Iterable[str] = (), where: str = "memory") -> None:
+    """Check the shapes of the standard keys against each other.
+
+    ``shapes`` maps each key to its full shape ``(n, ...)``. ``R`` must be
+    (n, atoms, 3), ``F`` exactly ``R``'s shape, ``U`` and every key in
+    ``weights`` (n,), ``mask`` (n, atoms). A target whose shape differs from
+    the prediction's would be broadcast into a wrong loss (``U`` of shape
+    (n, 1) against predictions (n,) gives an (n, n) error), so it is refused.
+    ``where`` ("memory" or "file") picks the fix the message suggests.
+    """
+    def fix(key, want):
+        if where == "file":
+            return f"rewrite the dataset {key!r} with shape {_fmt(want)}"
+        dims = ", ".join(["-1", *(str(int(d)) for d in want[1:])])
+        return f"data[{key!r}] = data[{key!r}].reshape({dims})"
+
+    def refuse(key, want_text, want, got, why=""):
+        size_ok = want is not None and int(np.prod(got)) == int(np.prod(want))
+        hint = f" Fix: {fix(key, want)}." if size_ok else ""
+        raise ValueError(f"{name}[{key!r}] must have shape {want_text}, got {_fmt(got)}.{why}{hint}")
+
+    R = shapes.get("R")
+    if R is not None and (len(R) != 3 or R[2] != 3):
+        refuse("R", "(structures, atoms, 3)", None, R,
+               " Positions are one (atoms, 3) array per structure; pad systems of different "
+               "size with chemtrain.data.pad_systems.")
+    if "F" in shapes:
+        F = tuple(shapes["F"])
+        if R is not None and F != tuple(R):
+            why = ""
+            if len(F) == 3 and F[1] == 1 and R[1] != 1:
+                why = (" A single force row per structure would be broadcast to every atom "
+                       "(atom 0's force copied to all).")
+            refuse("F", f"(structures, atoms, 3) = {_fmt(R)}, the shape of R", R if
+                   int(np.prod(F)) == int(np.prod(R)) else None, F, why)
+        if R is None and (len(F) != 3 or F[2] != 3):
+            refuse("F", "(structures, atoms, 3)", None, F)
+    for key in ("U", *weights):
+        if key in shapes and tuple(shapes[key]) != (n,):
+            got = tuple(shapes[key])
+            what = "one energy" if key == "U" else "one weight"
+            why = (" An (n, 1) target against (n,) predictions broadcasts into an (n, n) "
+                   "error and trains on a wrong loss." if len(got) == 2 and got[1] == 1 else "")
+            refuse(key, f"(structures,) = {_fmt((n,))} ({what} per structure)", (n,), got, why)
+    if "mask" in shapes and R is not None and tuple(shapes["mask"]) != tuple(R[:2]):
+        refuse("mask", f"(structures, atoms) = {_fmt(R[:2])}", tuple(R[:2]), tuple(shapes["mask"]))
+
+
+def check_weights(values: np.ndarray, key: str, name: str = "dataset") -> None:
+    """Per-structure weights must be real numbers, finite and >= 0."""
+    values = np.asarray(values)
+    if not (np.issubdtype(values.dtype, np.floating) or np.issubdtype(values.dtype, np.integer)):
+        raise ValueError(f"{name}[{key!r}] holds per-structure weights and must be numbers, got "
+                         f"dtype {values.dtype}.")
+    for bad, what in ((~np.isfinite(values), "NaN or inf"), (values < 0, "negative")):
+        if bad.any():
+            rows = np.nonzero(bad.reshape(-1))[0]
+            raise ValueError(
+                f"{name}[{key!r}] holds {rows.size} {what} weight(s), in structure(s) "
+                f"{rows[:10].tolist()}{' ...' if rows.size > 10 else ''} (e.g. "
+                f"{values.reshape(-1)[rows[0]].item()!r}). Per-structure weights must be finite and "
+                f">= 0: use 0 to leave a structure out.")
+
+
+def validate_dataset(data: Mapping, required: Iterable[str] = ("R",), name: str = "dataset",
+                     weights: Iterable[str] = ()) -> dict:
     """Check a dataset and return it as a dict of numpy arrays.
 
     Raises ``ValueError`` naming the problem: not a dict, missing keys, unequal
-    lengths, or NaN/inf in positions, energies or forces.
+    lengths, NaN/inf in positions, energies or forces, shapes that do not
+    match (see :func:`check_shapes`), or per-structure weights (the keys in
+    ``weights`` that the dataset has) that are negative or not finite.
     """
     if not isinstance(data, Mapping):
         raise TypeError(f"{name} must be a dict of arrays with one row per structure "
                         f"(keys like 'R', 'U', 'F'), got {type(data).__name__}.")
     out = {k: np.asarray(v) for k, v in data.items()}
+    weights = tuple(weights)
     missing = [k for k in required if k not in out]
     if missing:
         raise ValueError(f"{name} lacks the key(s) {missing}; it has {sorted(out)}. "
                          f"'R' holds positions and each trained target needs its key "
                          f"(drop a target by leaving it out of gammas).")
-    lengths = {k: (v.shape[0] if v.ndim else None) for k, v in out.items()}
+    scalars = [k for k, v in out.items() if v.ndim == 0]
+    if scalars:
+        raise ValueError(f"{name}[{scalars[0]!r}] is a single number; every entry needs one row "
+                         f"per structure (repeat it, e.g. np.full(n, value)).")
+    lengths = {k: v.shape[0] for k, v in out.items()}
     if len(set(lengths.values())) > 1:
         raise ValueError(f"{name} arrays must all have the same length (one row per "
                          f"structure), got lengths {lengths}.")
+    for k in CHECK_FINITE:
+        if k in out and not np.issubdtype(out[k].dtype, np.number):
+            raise ValueError(f"{name}[{k!r}] must hold numbers, got dtype {out[k].dtype}.")
+    n = next(iter(lengths.values()), 0)
+    check_shapes({k: v.shape for k, v in out.items()}, n, name, weights)
     for k in CHECK_FINITE:
         if k in out and np.issubdtype(out[k].dtype, np.floating):
             bad = ~np.isfinite(out[k])
@@ -41,9 +126,9 @@ def validate_dataset(data: Mapping, required: Iterable[str] = ("R",), name: str 
                 raise ValueError(f"{name}['{k}'] holds {int(bad.sum())} NaN or inf value(s), "
                                  f"in structure(s) {rows[:10].tolist()}"
                                  f"{' ...' if rows.size > 10 else ''}. Remove or fix them.")
-    if "mask" in out and out["mask"].shape != out["R"].shape[:2]:
-        raise ValueError(f"{name}['mask'] must have shape (structures, atoms) = "
-                         f"{out['R'].shape[:2]}, got {out['mask'].shape}.")
+    for k in weights:
+        if k in out:
+            check_weights(out[k], k, name)
     return out
 
 

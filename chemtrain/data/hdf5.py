@@ -14,10 +14,12 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import zlib
 from typing import Iterator
 
 import numpy as np
 
+from .dataset import check_shapes, check_weights
 from .loader import VALID, global_batches, n_batches
 
 _END = object()
@@ -72,14 +74,37 @@ class HDF5ParallelDataLoader:
         self.schema = shapes
 
     # -- set-up by the trainer ---------------------------------------------
-    def configure(self, batch: int, training: bool, seed: int, strategy, required=()) -> None:
+    def configure(self, batch: int, training: bool, seed: int, strategy, required=(),
+                  weights=()) -> None:
         """Bind to a trainer's global batch, stage and strategy (called by
-        ``trainer.set_loader``)."""
+        ``trainer.set_loader``).
+
+        Every process must see the same file (rows and datasets; checked
+        first, so that a difference raises on all of them). The datasets'
+        shapes are checked as :func:`chemtrain.data.validate_dataset` checks
+        arrays (``U`` (n,), ``F`` like ``R`` (n, atoms, 3), ...), and the
+        per-structure weights named in ``weights`` are read once and must be
+        finite and >= 0."""
         import h5py
+        weights = [k for k in weights if k in self.schema]
+        values = self._read_columns(weights)
+        schema = {k: [list(shape), dtype] for k, (shape, dtype) in sorted(self.schema.items())}
+        strategy.check_same({"n": self.n, "schema": schema,
+                             "weights": {k: zlib.crc32(np.ascontiguousarray(v).tobytes())
+                                         for k, v in values.items()}},
+                            f"the HDF5 file {self.path!r} (rows and datasets)")
         missing = [k for k in required if k not in self.schema]
         if missing:
             raise KeyError(f"{self.path!r} lacks the dataset(s) {missing} that training needs; "
                            f"it has {sorted(self.schema)}.")
+        for k in ("R", "U", "F", *weights):
+            if k in self.schema and np.dtype(self.schema[k][1]).kind not in "fiu":
+                raise ValueError(f"The HDF5 file {self.path!r}: dataset {k!r} must hold numbers, "
+                                 f"got dtype {np.dtype(self.schema[k][1])}.")
+        check_shapes({k: (self.n, *shape) for k, (shape, _) in self.schema.items()}, self.n,
+                     f"the HDF5 file {self.path!r}: dataset", weights, where="file")
+        for k, v in values.items():
+            check_weights(v, k, f"the HDF5 file {self.path!r}: dataset")
         if isinstance(self.source, h5py.File) and strategy.process_count > 1:
             raise ValueError(
                 f"An open h5py.File cannot be shared by the {strategy.process_count} processes "
@@ -94,6 +119,13 @@ class HDF5ParallelDataLoader:
             self.shuffle = training
         if self.seed is None:
             self.seed = seed
+
+    def _read_columns(self, keys) -> dict:
+        """Whole (small, per-structure) datasets, read once."""
+        if not keys:
+            return {}
+        with self._open() as f:
+            return {k: np.asarray(f[k][()]) for k in keys}
 
     def __len__(self) -> int:
         return n_batches(self.n, self.batch, self.drop_last)

@@ -9,6 +9,7 @@ the model if the map is not exact.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -23,24 +24,59 @@ class UnsupportedModelError(ValueError):
     """A mace-torch model whose architecture chemtrain does not implement."""
 
 
+class UntrustedFileError(ValueError):
+    """A pickle file that was not read because the caller did not say it
+    trusts it (``trusted=True``)."""
+
+
+_NO_WEIGHTS_ONLY = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+
+UNTRUSTED = ("{path!r} was not read: a mace-torch '.model' file is a Python pickle, and "
+             "loading it can run any code the file contains. Pass trusted=True only for a "
+             "file from a source you trust (e.g. the official MACE-MP release or your own "
+             "training run); then convert it once and keep the plain-data copy "
+             "(chemtrain.models.mace.save / load), which runs no code.")
+
+
+@contextlib.contextmanager
+def _torch_load_default_kept():
+    """Undo, on exit, what importing mace does to torch: ``import mace`` sets
+    ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, which makes every later
+    ``torch.load`` in the process unpickle arbitrary code by default."""
+    before = os.environ.get(_NO_WEIGHTS_ONLY)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_NO_WEIGHTS_ONLY, None)
+        else:
+            os.environ[_NO_WEIGHTS_ONLY] = before
+
+
 def _import_torch():
     try:
-        import mace  # noqa: F401  (must come before e3nn, see NOTES)
-        import mace.modules  # noqa: F401
-        import torch
+        with _torch_load_default_kept():
+            # mace must come before e3nn, whose import torch.load's a constants
+            # file that torch's safe default refuses (see NOTES)
+            import mace  # noqa: F401
+            import mace.modules  # noqa: F401
+            import torch
     except ImportError as e:
         raise ImportError(f"{INSTALL_HINT} ({e})") from e
     return torch
 
 
-def read_torch_model(path: str):
-    """``torch.load`` a mace-torch model file, with clear errors."""
+def read_torch_model(path: str, *, trusted: bool = False):
+    """``torch.load`` a mace-torch model file, with clear errors. The file is
+    a pickle that can run code: refused unless ``trusted=True``."""
+    if trusted is not True:
+        raise UntrustedFileError(UNTRUSTED.format(path=path))
     torch = _import_torch()
     if not os.path.exists(path):
         raise FileNotFoundError(f"No mace-torch model file at {path!r}.")
     try:
-        # mace-torch models are pickled modules: only load files you trust.
-        obj = torch.load(path, map_location="cpu", weights_only=False)
+        with _torch_load_default_kept():  # unpickling may import more of mace
+            obj = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # noqa: BLE001 - torch raises many kinds here
         raise ValueError(f"{path!r} is not a mace-torch model file: torch.load failed "
                          f"({type(e).__name__}: {e}). Expected a file written by "
@@ -305,13 +341,19 @@ def _symmetric_weights(sc, layer: M.Layer, shape):
     return out
 
 
-def load_mace_torch(path: str, dtype=None):
+def load_mace_torch(path: str, *, trusted: bool = False, dtype=None):
     """Read a mace-torch ``.model`` file: ``(config, params)``.
+
+    A ``.model`` file is a pickled Python object, and unpickling runs code
+    from the file: this function refuses (:class:`UntrustedFileError`) unless you
+    pass ``trusted=True`` for a file from a source you trust. torch's
+    ``torch.load`` default (safe, weights only) is left as it was before the
+    call, although importing mace-torch switches it off.
 
     ``params`` is a pytree of numpy arrays in the model file's precision
     (or ``dtype``). Save the result with :func:`chemtrain.models.mace.save`
-    so that later runs need neither torch nor mace-torch.
+    so that later runs need neither torch nor mace-torch, nor trust.
     """
-    m = read_torch_model(path)
+    m = read_torch_model(path, trusted=trusted)
     cfg = config_from_torch(m)
     return cfg, params_from_torch(m, cfg, dtype)
