@@ -1,5 +1,6 @@
 """Energy models as ``params -> energy_fn`` templates."""
-from .pair import init_pair_mlp, lennard_jones_template, pair_energy, pair_mlp_template
+from .pair import (harmonic_bond_template, init_pair_mlp, lennard_jones_template, pair_energy,
+                   pair_mlp_template)
 from .template import EnergyTemplate, as_template
 
-__all__ = ["EnergyTemplate", "as_template", "lennard_jones_template", "pair_mlp_template", "init_pair_mlp", "pair_energy"]
+__all__ = ["EnergyTemplate", "as_template", "harmonic_bond_template", "lennard_jones_template", "pair_mlp_template", "init_pair_mlp", "pair_energy"]

@@ -3,7 +3,10 @@ templates for the trainers.
 
 Energy functions accept ``mask`` (real atoms), ``species`` and other keyword
 arguments from a dataset; edges that point at the sentinel index N (padding,
-or atoms masked by the trainer) contribute nothing.
+or atoms masked by the trainer) contribute nothing. ``box`` and jax-md's
+``perturbation`` (a scalar or matrix that scales every displacement, used by
+``chemtrain.quantity.pressure`` and jax-md's NPT simulator for the virial)
+are forwarded to the displacement function.
 """
 from __future__ import annotations
 
@@ -91,6 +94,32 @@ def pair_mlp_template(displacement_fn: Callable, r_cutoff: float, n_basis: int =
     return template
 
 
+def harmonic_bond_template(displacement_fn: Callable, bonds) -> Callable:
+    """Harmonic bonds ``0.5 k (r - r0)^2`` with parameters ``{'k', 'r0'}``
+    (kJ/mol/nm^2 and nm; scalars, or one value per bond).
+
+    ``bonds`` is an (n_bonds, 2) array of particle indices. The bonds are
+    fixed, so the energy function ignores the neighbor list it is given (it
+    accepts one, like every template here, so simulators and quantities can
+    pass theirs).
+    """
+    bonds = jnp.asarray(bonds)
+    if bonds.ndim != 2 or bonds.shape[1] != 2:
+        raise ValueError(f"bonds must be an (n_bonds, 2) array of particle indices, got shape "
+                         f"{bonds.shape}.")
+
+    def template(params):
+        def energy_fn(positions, neighbor=None, **kwargs):
+            disp = _box(kwargs)
+            dr = jax.vmap(lambda a, b: displacement_fn(a, b, **disp))(
+                positions[bonds[:, 0]], positions[bonds[:, 1]])
+            r = jnp.sqrt(jnp.sum(dr * dr, axis=-1))
+            return jnp.sum(0.5 * params["k"] * (r - params["r0"]) ** 2)
+        return energy_fn
+    return template
+
+
 def _box(kwargs):
-    """Displacement keyword arguments from a dataset's per-structure inputs."""
-    return {"box": kwargs["box"]} if "box" in kwargs else {}
+    """Displacement keyword arguments among an energy function's inputs: a
+    dataset's or NPT simulator's ``box`` and jax-md's ``perturbation``."""
+    return {k: kwargs[k] for k in ("box", "perturbation") if k in kwargs}

@@ -1,0 +1,207 @@
+"""Structural per-snapshot quantities from the neighbor list: the radial
+distribution function (RDF) and the angular distribution function (ADF).
+
+Both are Gaussian-smoothed histograms, so they are smooth functions of the
+positions and their ensemble averages can be reweighted. Only pairs in the
+neighbor list are seen: the list's cutoff must reach the largest distance
+the quantity uses (``r_cut`` of the RDF, ``r_outer`` of the ADF).
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..models.pair import neighbor_pairs
+from ._common import displacement_kwargs, snapshot_box, volume
+
+_WINDOW = 6.0  # Gaussian kernels are cut at this many standard deviations
+
+
+class RDFParams(NamedTuple):
+    """Bins of an RDF: centers and edges (nm) and the smoothing width."""
+    bin_centers: jnp.ndarray
+    bin_edges: jnp.ndarray
+    sigma: float
+
+
+class ADFParams(NamedTuple):
+    """Bins of an ADF: angle centers (rad), smoothing width (rad), and the
+    radius within which both neighbors of a triplet must lie (nm)."""
+    bin_centers: jnp.ndarray
+    sigma: float
+    r_outer: float
+
+
+def rdf_discretization(rdf_cut: float, nbins: int = 300, rdf_start: float = 0.0) -> RDFParams:
+    """Uniform RDF bins between ``rdf_start`` and ``rdf_cut`` (nm), smoothed
+    with a Gaussian as wide as one bin (upstream chemtrain's choice)."""
+    if not rdf_cut > rdf_start >= 0 or nbins < 1:
+        raise ValueError(f"Need 0 <= rdf_start < rdf_cut and nbins >= 1, got rdf_start="
+                         f"{rdf_start}, rdf_cut={rdf_cut}, nbins={nbins}.")
+    width = (rdf_cut - rdf_start) / nbins
+    edges = np.linspace(rdf_start, rdf_cut, nbins + 1)
+    return RDFParams(jnp.asarray(0.5 * (edges[1:] + edges[:-1])), jnp.asarray(edges), width)
+
+
+def adf_discretization(r_outer: float, nbins: int = 150) -> ADFParams:
+    """Uniform angle bins on [0, pi], smoothed with a Gaussian as wide as one
+    bin; triplets whose two neighbors lie within ``r_outer`` (nm) count."""
+    width = math.pi / nbins
+    centers = jnp.asarray(width * (np.arange(nbins) + 0.5))
+    return ADFParams(centers, width, float(r_outer))
+
+
+def _uniform(centers) -> bool:
+    c = np.asarray(centers, np.float64)
+    if c.size < 2:
+        return False
+    d = np.diff(c)
+    return bool(np.all(d > 0) and np.allclose(d, d[0], rtol=1e-9, atol=0.0))
+
+
+def _smoothed_histogram(x, use, centers, sigma):
+    """sum over samples of the normalised Gaussian ``N(center; x, sigma)``,
+    for each center; samples with ``use`` False are skipped. For uniform
+    centers only the bins within _WINDOW sigma of a sample are touched."""
+    norm = 1.0 / (math.sqrt(2.0 * math.pi) * sigma)
+    if not _uniform(centers):
+        k = jnp.exp(-0.5 * ((x[:, None] - centers[None, :]) / sigma) ** 2)
+        return norm * jnp.sum(jnp.where(use[:, None], k, 0.0), axis=0)
+    c = np.asarray(centers, np.float64)
+    step = float(c[1] - c[0])
+    m = int(math.ceil(_WINDOW * sigma / step))
+    nearest = jnp.round((x - c[0]) / step).astype(jnp.int32)
+    offsets = jnp.arange(-m, m + 1, dtype=jnp.int32)
+    bins = nearest[:, None] + offsets[None, :]
+    inside = use[:, None] & (bins >= 0) & (bins < c.size)
+    where_c = c[0] + step * bins.astype(x.dtype)
+    k = jnp.where(inside, norm * jnp.exp(-0.5 * ((x[:, None] - where_c) / sigma) ** 2), 0.0)
+    return jnp.zeros(c.size, x.dtype).at[jnp.where(inside, bins, 0)].add(k)
+
+
+def _as_params(params, cls, n):
+    if isinstance(params, cls):
+        return params
+    if isinstance(params, (tuple, list)) and len(params) == n:
+        return cls(*params)
+    raise TypeError(f"Expected {cls.__name__} (or a tuple of {n}: {', '.join(cls._fields)}), "
+                    f"got {type(params).__name__}.")
+
+
+def rdf(displacement_fn, rdf_params, box=None, r_cut: float | None = None):
+    """Radial distribution function g(r) of one snapshot, from its neighbor list.
+
+    Every ordered pair (i, j), i != j, at distance ``r < r_cut`` (default:
+    the last bin edge) adds a normalised Gaussian of width ``sigma`` centred
+    at ``r``; bin ``k`` (centre c_k, width dr_k, shell volume V_k) gets
+
+        g_k = V / N^2 * sum_pairs N(c_k; r_ij, sigma) dr_k / V_k,
+
+    i.e. the smoothed pair count relative to an ideal gas of the same density
+    (the normalisation of ASE's ``get_rdf`` and upstream chemtrain). ``box``:
+    the fixed simulation box (NVT); NPT snapshots use their own box. The
+    neighbor list's cutoff must be at least ``r_cut``.
+    """
+    p = _as_params(rdf_params, RDFParams, 3)
+    centers, edges = np.asarray(p.bin_centers), np.asarray(p.bin_edges)
+    if edges.shape != (centers.shape[0] + 1,):
+        raise ValueError(f"rdf needs one more bin edge than bin centers, got {edges.shape[0]} "
+                         f"edges for {centers.shape[0]} centers.")
+    sigma = float(p.sigma)
+    r_cut = float(edges[-1]) if r_cut is None else float(r_cut)
+    widths = np.diff(edges)
+
+    def fn(state, neighbor=None, energy_fn=None, **kwargs):
+        if neighbor is None:
+            raise ValueError("rdf is computed from the neighbor list: call it as "
+                             "fn(state, neighbor=nbrs).")
+        R = state.position
+        n, dim = R.shape
+        vol = volume(snapshot_box(state, box, kwargs), dim)
+        shell = (math.pi ** (dim / 2) / math.gamma(dim / 2 + 1)) * (edges[1:] ** dim
+                                                                     - edges[:-1] ** dim)
+        i, j, weight = neighbor_pairs(neighbor, n)
+        real = (i < n) & (j < n)
+        dkw = displacement_kwargs(state)
+        dR = jax.vmap(lambda a, b: displacement_fn(a, b, **dkw))(
+            R[jnp.minimum(i, n - 1)], R[jnp.minimum(j, n - 1)])
+        r = jnp.sqrt(jnp.where(real, jnp.sum(dR * dR, axis=-1), 1.0))
+        use = real & (r < r_cut)
+        counts = (2.0 * weight) * _smoothed_histogram(r, use, centers, sigma) * widths
+        return counts * vol / (n * n * shell)
+    return fn
+
+
+def _neighbor_table(neighbor, n: int, max_neighbors: int | None, active_fn):
+    """(n, M) table of each particle's neighbors j (n = none) among edges for
+    which ``active_fn(i, j)`` holds, and whether any particle had more than M."""
+    from jax_md import partition
+    idx = neighbor.idx
+    if not partition.is_sparse(neighbor.format):
+        i = jnp.broadcast_to(jnp.arange(n)[:, None], idx.shape).reshape(-1)
+        j = idx.reshape(-1)
+        M = idx.shape[1] if max_neighbors is None else int(max_neighbors)
+    else:
+        if max_neighbors is None:
+            raise ValueError("adf on a Sparse neighbor list needs max_neighbors= (the most "
+                             "neighbors any particle has within r_outer), or use a Dense list.")
+        i, j = idx[0], idx[1]
+        if neighbor.format is partition.NeighborListFormat.OrderedSparse:
+            i, j = jnp.concatenate([i, j]), jnp.concatenate([j, i])
+        M = int(max_neighbors)
+    active = (i < n) & (j < n) & active_fn(jnp.minimum(i, n - 1), jnp.minimum(j, n - 1))
+    key = jnp.where(active, i, n)
+    order = jnp.argsort(key, stable=True)
+    key, j = key[order], j[order]
+    rank = jnp.arange(key.shape[0]) - jnp.searchsorted(key, key, side="left")
+    too_many = jnp.any((key < n) & (rank >= M))
+    table = jnp.full((n + 1, M), n, dtype=j.dtype)
+    table = table.at[key, jnp.minimum(rank, M)].set(j, mode="drop")
+    return table[:n], too_many
+
+
+def adf(displacement_fn, adf_params, box=None, max_neighbors: int | None = None):
+    """Angular distribution function of one snapshot, from its neighbor list.
+
+    Every triplet j-i-k (j != k) with both neighbors within ``r_outer`` of
+    the central particle i adds a normalised Gaussian of width ``sigma`` at
+    its angle; the sum is divided by the number of triplets, so the result
+    is a probability density over [0, pi] (rad^-1). Dense lists are used as
+    they are; Sparse lists need ``max_neighbors`` (the most neighbors within
+    ``r_outer`` any particle has). If a particle has more, the result is NaN.
+    """
+    p = _as_params(adf_params, ADFParams, 3)
+    centers, sigma, r_outer = np.asarray(p.bin_centers), float(p.sigma), float(p.r_outer)
+
+    def fn(state, neighbor=None, energy_fn=None, **kwargs):
+        if neighbor is None:
+            raise ValueError("adf is computed from the neighbor list: call it as "
+                             "fn(state, neighbor=nbrs).")
+        R = state.position
+        n = R.shape[0]
+        dkw = displacement_kwargs(state)
+        disp = jax.vmap(lambda a, b: displacement_fn(a, b, **dkw))
+
+        def within(i, j):
+            dR = disp(R[i], R[j])
+            return jnp.sum(dR * dR, axis=-1) < r_outer ** 2
+
+        table, too_many = _neighbor_table(neighbor, n, max_neighbors, within)
+        M = table.shape[1]
+        real = table < n
+        dR = jax.vmap(lambda a, b: disp(jnp.broadcast_to(a, b.shape), b))(
+            R, R[jnp.minimum(table, n - 1)])   # (n, M, d): R_i - R_j (jax-md's Ra - Rb)
+        r = jnp.sqrt(jnp.where(real, jnp.sum(dR * dR, axis=-1), 1.0))
+        unit = dR / r[..., None]
+        cos = jnp.einsum("nad,nbd->nab", unit, unit)
+        pair = real[:, :, None] & real[:, None, :] & ~jnp.eye(M, dtype=bool)[None]
+        theta = jnp.arccos(jnp.clip(jnp.where(pair, cos, 0.0), -1.0, 1.0))
+        hist = _smoothed_histogram(theta.reshape(-1), pair.reshape(-1), centers, sigma)
+        n_triplets = jnp.sum(pair)
+        result = hist / jnp.maximum(n_triplets, 1)
+        return jnp.where(too_many, jnp.nan, result)
+    return fn

@@ -1,0 +1,89 @@
+"""Thermodynamic per-snapshot quantities: kinetic energy, temperature,
+potential energy, virial pressure and density.
+
+Every factory returns ``fn(state, neighbor=None, energy_fn=None,
+**state_kwargs)`` evaluated on one jax-md simulator state (a snapshot);
+callers vmap it over a trajectory. Quantities that depend on the potential
+take ``energy_fn`` at call time, so DiffTRe can pass the energy function of
+the current parameters and differentiate through it. Units: kJ/mol, nm, amu;
+pressures in kJ/mol/nm^3 (1 kJ/mol/nm^3 = 16.6054 bar), densities in
+amu/nm^3 (x AMU_PER_NM3_TO_KG_PER_M3 for kg/m^3).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ._common import energy_kwargs, masses, snapshot_box, volume
+
+AMU_PER_NM3_TO_KG_PER_M3 = 1.66053906660
+KJ_PER_MOL_NM3_TO_BAR = 16.6053906660
+
+
+def _kinetic(state):
+    p = state.momentum
+    return 0.5 * jnp.sum(p * p / masses(state)[:, None])
+
+
+def _need_energy_fn(energy_fn, name):
+    if energy_fn is None:
+        raise ValueError(f"The {name} quantity needs the energy function: call it as "
+                         f"fn(state, neighbor=nbrs, energy_fn=energy_fn).")
+
+
+def kinetic_energy():
+    """Kinetic energy ``sum p^2 / 2m`` (kJ/mol) of a snapshot."""
+    def fn(state, neighbor=None, energy_fn=None, **kwargs):
+        return _kinetic(state)
+    return fn
+
+
+def temperature():
+    """Instantaneous kinetic temperature as ``kT = 2 KE / (N d)`` in kJ/mol
+    (divide by chemtrain.units.BOLTZMANN_KJ_PER_MOL_K for kelvin)."""
+    def fn(state, neighbor=None, energy_fn=None, **kwargs):
+        return 2.0 * _kinetic(state) / state.position.size
+    return fn
+
+
+def potential_energy():
+    """Potential energy ``energy_fn(R, neighbor)`` (kJ/mol) of a snapshot."""
+    def fn(state, neighbor=None, energy_fn=None, **kwargs):
+        _need_energy_fn(energy_fn, "potential_energy")
+        return energy_fn(state.position, neighbor=neighbor, **energy_kwargs(state, kwargs))
+    return fn
+
+
+def pressure(box=None, include_kinetic: bool = True):
+    """Virial pressure ``(2 KE - dU/d eps) / (d V)`` (kJ/mol/nm^3).
+
+    ``dU/d eps`` is the derivative of the potential energy when every
+    displacement is scaled by ``1 + eps``, taken through jax-md's
+    ``perturbation`` keyword, which the energy function must forward to its
+    displacement function (chemtrain's pair templates and jax-md's ``smap``
+    energies do). ``box``: the fixed box (NVT); NPT snapshots use their own.
+    ``include_kinetic=False`` gives the configurational part only.
+    """
+    def fn(state, neighbor=None, energy_fn=None, **kwargs):
+        _need_energy_fn(energy_fn, "pressure")
+        R = state.position
+        dim = R.shape[-1]
+        vol = volume(snapshot_box(state, box, kwargs), dim)
+        ekw = energy_kwargs(state, kwargs)
+
+        def U(eps):
+            return energy_fn(R, neighbor=neighbor, perturbation=1.0 + eps, **ekw)
+
+        dU = jax.grad(U)(jnp.zeros((), R.dtype))
+        kinetic = 2.0 * _kinetic(state) if include_kinetic else 0.0
+        return (kinetic - dU) / (dim * vol)
+    return fn
+
+
+def density(box=None):
+    """Mass density ``sum m / V`` (amu/nm^3) of a snapshot; ``box`` as in
+    :func:`pressure`."""
+    def fn(state, neighbor=None, energy_fn=None, **kwargs):
+        vol = volume(snapshot_box(state, box, kwargs), state.position.shape[-1])
+        return jnp.sum(masses(state)) / vol
+    return fn
