@@ -3,4 +3,5 @@ from .pair import (harmonic_bond_template, init_pair_mlp, lennard_jones_template
                    pair_mlp_template)
 from .template import EnergyTemplate, as_template
 
-__all__ = ["EnergyTemplate", "as_template", "harmonic_bond_template", "lennard_jones_template", "pair_mlp_template", "init_pair_mlp", "pair_energy"]
+__all__ = ["EnergyTemplate", "as_template", "harmonic_bond_template", "lennard_jones_template",
+           "pair_mlp_template", "init_pair_mlp", "pair_energy"]
