@@ -111,7 +111,8 @@ class CheckpointStore:
     def capture(self, trainer) -> tuple[dict, dict]:
         """(trees, meta) of a trainer's state: host copies of the attributes
         named in ``trees`` and the JSON-able attributes named in ``fields``."""
-        trees = {name: self.strategy.to_host(getattr(trainer, name)) for name in self.trees}
+        trees = {name: self.strategy.to_host(getattr(trainer, name)) if name in self.replicated
+                 else jax.tree.map(np.asarray, getattr(trainer, name)) for name in self.trees}
         return trees, {name: getattr(trainer, name) for name in self.fields}
 
     def restore(self, trainer, path: str, same=("n_shards",)) -> dict:
