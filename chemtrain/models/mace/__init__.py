@@ -5,15 +5,19 @@
 - :func:`energy_fn_template`: the chemtrain energy function (nm, kJ/mol) on
   jax-md neighbor lists.
 - :func:`load_mace_torch`: read a mace-torch ``.model`` file (``mace-torch``
-  extra); :func:`save` / :func:`load`: the converted model as plain data.
+  extra); :func:`save` / :func:`load`: the converted model as plain data;
+  :func:`export_mace_torch`: write a mace-torch ``.model`` file back.
 """
 from chemtrain.models.mace.model import MaceConfig, Layer, init_params, node_energies, param_shapes
 from chemtrain.models.mace.energy import (energy_fn_template, species_to_elements, check_species,
                                           UnknownElementError, LENGTH_TO_ANGSTROM, ENERGY_TO_KJ_PER_MOL,
                                           CHECK_VMA)
-from chemtrain.models.mace.io import save, load, load_mace_torch, UnsupportedModelError
+from chemtrain.models.mace.io import (save, load, load_mace_torch, config_from_json,
+                                      UnsupportedModelError, UntrustedFileError)
+from chemtrain.models.mace.export import export_mace_torch
 
 __all__ = ["MaceConfig", "Layer", "init_params", "node_energies", "param_shapes",
            "energy_fn_template", "species_to_elements", "check_species", "UnknownElementError",
            "LENGTH_TO_ANGSTROM", "ENERGY_TO_KJ_PER_MOL", "CHECK_VMA",
-           "save", "load", "load_mace_torch", "UnsupportedModelError"]
+           "save", "load", "load_mace_torch", "config_from_json", "UnsupportedModelError",
+           "UntrustedFileError", "export_mace_torch"]
