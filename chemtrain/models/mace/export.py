@@ -24,7 +24,8 @@ import logging
 import numpy as np
 
 from chemtrain.models.mace import model as M
-from chemtrain.models.mace.torch_io import UnsupportedModelError, _import_torch, config_from_torch
+from chemtrain.models.mace.torch_io import (UnsupportedModelError, _import_torch, config_from_torch,
+                                            contraction_bases)
 
 log = logging.getLogger(__name__)
 
@@ -249,40 +250,8 @@ def _symmetric_to_torch(sc, layer: M.Layer, cue_weights):
     """cuequivariance symmetric-contraction weights (num_elements,
     paths * channels) -> mace-torch's ``weights_max`` / ``weights`` tensors
     (state-dict names relative to the SymmetricContraction module)."""
-    channels = M.irreps(layer.target_irreps)[0].mul
-    single_in = "+".join(f"1x{ir}" for _, ir in M.irreps(layer.target_irreps))
-    single_out = "+".join(f"1x{ir}" for _, ir in M.irreps(layer.hidden_irreps))
-    poly = M.symmetric_descriptor(single_in, single_out, layer.correlation)
-    n_cue, d_in = poly.inputs[0].size, poly.inputs[1].size
-    out_dims = [ir.dim for _, ir in M.irreps(layer.hidden_irreps)]
-    offsets = np.cumsum([0] + out_dims)
-
-    blocks = []     # (state-dict name, contraction index, nu, U)
-    for o, contraction in enumerate(sc.contractions):
-        corr = contraction.correlation
-        for nu in range(1, corr + 1):
-            U = getattr(contraction, f"U_matrix_{nu}").detach().cpu().numpy().astype(np.float64)
-            U = U[None] if U.ndim == nu + 1 else U
-            name = (f"contractions.{o}.weights_max" if nu == corr
-                    else f"contractions.{o}.weights.{corr - 1 - nu}")
-            blocks.append((name, o, nu, U))
-    n_mace = sum(U.shape[-1] for *_, U in blocks)
-
-    # both bases evaluated on random single-channel inputs:
-    # outputs = A_cue @ w_cue = A_mace @ w_mace for every input
-    rng = np.random.default_rng(0)
-    n_samples = max(8, 3 * (max(n_cue, n_mace) // offsets[-1] + 1))
-    x = rng.normal(size=(n_samples, d_in))
-    A_mace = np.zeros((n_samples, offsets[-1], n_mace))
-    col = 0
-    for _, o, nu, U in blocks:
-        letters = "abcdefgh"[:nu]
-        spec = f"M{letters}k," + ",".join(f"s{c}" for c in letters) + "->sMk"
-        A_mace[:, offsets[o]:offsets[o + 1], col:col + U.shape[-1]] = np.einsum(spec, U, *([x] * nu))
-        col += U.shape[-1]
-    [A_cue] = poly(np.eye(n_cue)[None], x[:, None, :])     # (samples, n_cue, outputs)
-    A_c = np.transpose(A_cue, (0, 2, 1)).reshape(-1, n_cue)
-    A_m = A_mace.reshape(-1, n_mace)
+    A_c, A_m, blocks, channels = contraction_bases(sc, layer)
+    n_cue = A_c.shape[1]
     Q, *_ = np.linalg.lstsq(A_m, A_c, rcond=None)           # cue basis in mace's basis
     err = np.linalg.norm(A_m @ Q - A_c) / max(np.linalg.norm(A_c), 1e-300)
     if err > BASIS_TOLERANCE:

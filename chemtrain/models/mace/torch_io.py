@@ -284,49 +284,54 @@ def params_from_torch(m, cfg: M.MaceConfig, dtype=None):
     return jax.tree_util.tree_map(lambda x: np.asarray(x, dtype), params)
 
 
-def _symmetric_weights(sc, layer: M.Layer, shape):
-    """mace-torch symmetric-contraction weights -> cuequivariance weights
-    (num_elements, paths * channels)."""
+def contraction_bases(sc, layer: M.Layer):
+    """Both symmetric-contraction bases of one product block, evaluated on
+    the same random single-channel inputs, so that for every input
+    ``A_cue @ w_cue == A_mace @ w_mace`` when the weights describe one model.
+
+    Returns ``(A_cue, A_mace, blocks, channels)``: the two design matrices
+    (rows: inputs x outputs), the mace-torch blocks as ``(state-dict name,
+    contraction index, nu, U)`` in column order, and the channel count.
+    """
     channels = M.irreps(layer.target_irreps)[0].mul
     single_in = "+".join(f"1x{ir}" for _, ir in M.irreps(layer.target_irreps))
     single_out = "+".join(f"1x{ir}" for _, ir in M.irreps(layer.hidden_irreps))
     poly = M.symmetric_descriptor(single_in, single_out, layer.correlation)
-    d_in = poly.inputs[1].size
-    n_cue = poly.inputs[0].size
-    out_dims = [ir.dim for _, ir in M.irreps(layer.hidden_irreps)]
+    n_cue, d_in = poly.inputs[0].size, poly.inputs[1].size
+    offsets = np.cumsum([0] + [ir.dim for _, ir in M.irreps(layer.hidden_irreps)])
 
     # mace: for each output irrep and degree nu, U (out, in^nu, K) and weights (Z, K, C)
-    mats, weights = [], []
+    blocks = []
     for o, contraction in enumerate(sc.contractions):
         corr = contraction.correlation
-        w_by_nu = {corr: _np(contraction.weights_max)}
-        for j, w in enumerate(contraction.weights):
-            w_by_nu[corr - 1 - j] = _np(w)
         for nu in range(1, corr + 1):
             U = _np(getattr(contraction, f"U_matrix_{nu}")).astype(np.float64)
-            if U.ndim == nu + 1:
-                U = U[None]
-            mats.append((o, nu, U))
-            weights.append(w_by_nu[nu].astype(np.float64))
-    n_mace = sum(U.shape[-1] for _, _, U in mats)
+            U = U[None] if U.ndim == nu + 1 else U
+            name = (f"contractions.{o}.weights_max" if nu == corr
+                    else f"contractions.{o}.weights.{corr - 1 - nu}")
+            blocks.append((name, o, nu, U))
+    n_mace = sum(U.shape[-1] for *_, U in blocks)
     rng = np.random.default_rng(0)
-    n_samples = max(4, 3 * (n_cue // max(1, sum(out_dims)) + 1))
+    n_samples = max(8, 3 * (max(n_cue, n_mace) // offsets[-1] + 1))
     x = rng.normal(size=(n_samples, d_in))
-
-    offsets = np.cumsum([0] + out_dims)
     A_mace = np.zeros((n_samples, offsets[-1], n_mace))
     col = 0
-    for o, nu, U in mats:
+    for _, o, nu, U in blocks:
         letters = "abcdefgh"[:nu]
         spec = f"M{letters}k," + ",".join(f"s{c}" for c in letters) + "->sMk"
-        T = np.einsum(spec, U, *([x] * nu))
-        A_mace[:, offsets[o]:offsets[o + 1], col:col + U.shape[-1]] = T
+        A_mace[:, offsets[o]:offsets[o + 1], col:col + U.shape[-1]] = np.einsum(spec, U, *([x] * nu))
         col += U.shape[-1]
-    eye = np.eye(n_cue)
-    [A_cue] = poly(eye[None], x[:, None, :])           # (samples, n_cue, out)
-    A_cue = np.transpose(A_cue, (0, 2, 1))
-    A_c = A_cue.reshape(-1, n_cue)
-    A_m = A_mace.reshape(-1, n_mace)
+    [A_cue] = poly(np.eye(n_cue)[None], x[:, None, :])     # (samples, n_cue, outputs)
+    A_c = np.transpose(A_cue, (0, 2, 1)).reshape(-1, n_cue)
+    return A_c, A_mace.reshape(-1, n_mace), blocks, channels
+
+
+def _symmetric_weights(sc, layer: M.Layer, shape):
+    """mace-torch symmetric-contraction weights -> cuequivariance weights
+    (num_elements, paths * channels)."""
+    A_c, A_m, blocks, channels = contraction_bases(sc, layer)
+    state = dict(sc.named_parameters())
+    weights = [_np(state[name]).astype(np.float64) for name, *_ in blocks]
     P, *_ = np.linalg.lstsq(A_c, A_m, rcond=None)
     err = np.linalg.norm(A_c @ P - A_m) / max(np.linalg.norm(A_m), 1e-300)
     if err > 1e-5:
