@@ -8,8 +8,8 @@ import importlib
 
 __version__ = "0.3.0.dev0"
 
-_SUBMODULES = ("checkpoint", "data", "learn", "models", "parallel", "quantity", "simulate",
-               "trainers", "units")
+_SUBMODULES = ("checkpoint", "data", "learn", "models", "neighbors", "parallel", "quantity",
+               "simulate", "trainers", "units")
 
 
 def __getattr__(name):

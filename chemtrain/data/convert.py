@@ -2,6 +2,7 @@
 
     python -m chemtrain.data.convert INPUT OUTPUT.h5 [--n-atoms N] [--chunk 512]
         [--length-unit angstrom] [--energy-unit kcal/mol] [--overwrite]
+        [--graph-cutoff NM [--graph-capacity EDGES]]
 
 INPUT is an MD22/sGDML-style ``.npz`` (keys ``R`` (frames, atoms, 3), ``z``
 (atoms,) or, for structures whose elements differ, (frames, atoms), ``E``
@@ -19,6 +20,16 @@ differs between structures or along axes, ``box`` is kept for every structure
 functions, so select the datasets to train on with
 ``HDF5ParallelDataLoader(path, keys=[...])``. Structures are padded to a
 fixed atom count; units are stated in the file's attributes.
+
+Stresses that ASE reads (extxyz ``stress``, eV/Angstrom^3, ASE's sign) are
+written as ``stress`` (frames, 3, 3) in kJ/mol/nm^3 with ``stress_weight``
+(frames,): 1 where a structure has a stress, 0 where not (train with
+``weights_keys={"stress": "stress_weight"}``). With ``--graph-cutoff`` (nm:
+a MACE r_max of 6 Angstrom is 0.6) every structure's edges, all periodic
+images included, are computed once and stored as ``senders``,
+``receivers`` (frames, edges) and ``shifts`` (frames, edges, 3) (see
+:mod:`chemtrain.neighbors`), padded to the largest need or
+``--graph-capacity``; a trainer given ``nbrs_init=None`` then uses them.
 
 Nothing is lost: an existing OUTPUT is replaced only with ``--overwrite``
 (``overwrite=True``), never when it is the input itself; the file is written
@@ -39,9 +50,11 @@ import sys
 import numpy as np
 
 from .. import units
+from .dataset import GRAPH_KEYS
 
 LENGTH = {"angstrom": units.ANGSTROM_TO_NM, "nm": 1.0}
 ENERGY = {"kcal/mol": units.KCAL_TO_KJ, "kj/mol": 1.0, "ev": units.EV_TO_KJ_PER_MOL}
+STRESS = units.EV_TO_KJ_PER_MOL / units.ANGSTROM_TO_NM ** 3   # eV/Angstrom^3 -> kJ/mol/nm^3
 
 log = logging.getLogger("chemtrain")
 
@@ -110,13 +123,14 @@ def _read_ase(path) -> dict:
     if not images:
         raise ConversionError(f"{path!r} holds no structures.")
     length, energy = units.ANGSTROM_TO_NM, units.EV_TO_KJ_PER_MOL
-    rows = {"R": [], "F": [], "U": [], "species": [], "cell": [], "pbc": []}
+    rows = {"R": [], "F": [], "U": [], "species": [], "cell": [], "pbc": [], "stress": []}
     for i, a in enumerate(images):
         try:
             e, f = a.get_potential_energy(), a.get_forces()
         except Exception as err:  # noqa: BLE001
             raise ConversionError(f"Structure {i} of {path!r} has no energy or forces "
                                   f"({err}).") from err
+        rows["stress"].append(_stress(a, i, path))
         rows["R"].append(a.get_positions() * length)
         rows["F"].append(np.asarray(f) * (energy / length))
         rows["U"].append(float(e) * energy)
@@ -130,7 +144,11 @@ def _read_ase(path) -> dict:
                               f"forces or energy.")
     pbc = np.stack(rows.pop("pbc"))
     cell = np.stack(rows.pop("cell"))
+    stress = rows.pop("stress")
     out = dict(rows, U=np.asarray(rows["U"]), natoms=np.array([len(r) for r in rows["R"]]))
+    if any(s is not None for s in stress):
+        out["stress"] = np.stack([np.zeros((3, 3)) if s is None else s for s in stress]) * STRESS
+        out["stress_weight"] = np.array([float(s is not None) for s in stress])
     if pbc.any():
         out["box"] = cell
         if not pbc.all():
@@ -138,6 +156,43 @@ def _read_ase(path) -> dict:
             log.warning("%s: periodicity differs between structures or axes; writing 'box' for "
                         "every structure (zeros where there is no cell) and a 'pbc' dataset.", path)
     return out
+
+
+def _stress(atoms, i, path):
+    """The 3x3 stress (eV/Angstrom^3) ASE read for a structure, or None."""
+    results = getattr(atoms.calc, "results", None) or {}
+    if results.get("stress") is None:
+        return None
+    s = np.asarray(results["stress"], np.float64)
+    if s.shape == (6,):
+        from ase.stress import voigt_6_to_full_3x3_stress
+        s = voigt_6_to_full_3x3_stress(s)
+    if s.shape != (3, 3) or not np.isfinite(s).all():
+        raise ConversionError(f"Structure {i} of {path!r}: the stress must be 6 (Voigt) or 3x3 "
+                              f"finite numbers, got {s.tolist()}.")
+    return s
+
+
+def _graphs(data: dict, n_atoms: int, cutoff: float, capacity, progress: bool) -> dict:
+    """Precomputed graphs of every structure (unpadded positions, nm)."""
+    from tqdm.auto import tqdm
+    from ..neighbors import host_edges, pad_edges
+    if not (np.isfinite(cutoff) and cutoff > 0):
+        raise ConversionError(f"graph_cutoff must be a positive length in nm, got {cutoff!r}.")
+    n = len(data["U"])
+    box = data.get("box")
+    pbc = data.get("pbc")
+    edges = []
+    for k in tqdm(range(n), desc="neighbor graphs", disable=not progress):
+        natoms = int(data["natoms"][k])
+        cell = np.zeros((3, 3)) if box is None else np.asarray(box[k]).T
+        periodic = (np.zeros(3, bool) if box is None or not cell.any() else
+                    np.ones(3, bool) if pbc is None else np.asarray(pbc[k], bool))
+        edges.append(host_edges(np.asarray(data["R"][k])[:natoms], cell, periodic, cutoff))
+    try:
+        return pad_edges(edges, n_atoms, capacity)
+    except ValueError as e:
+        raise ConversionError(str(e)) from None
 
 
 def _row_block(data: dict, start: int, stop: int, n_atoms: int) -> dict:
@@ -154,7 +209,7 @@ def _row_block(data: dict, start: int, stop: int, n_atoms: int) -> dict:
             out[k] = np.stack([np.pad(r, [(0, n_atoms - len(r))] + [(0, 0)] * (r.ndim - 1))
                                for r in v[start:stop]])
     out["U"] = np.asarray(data["U"][start:stop], np.float64)
-    for k in ("box", "pbc"):
+    for k in ("box", "pbc", "stress", "stress_weight", *GRAPH_KEYS):
         if k in data:
             out[k] = data[k][start:stop]
     return out
@@ -175,8 +230,12 @@ def _check_target(source: str, target: str, overwrite: bool) -> None:
 
 def convert(source: str, target: str, n_atoms: int | None = None, chunk: int = 512,
             length_unit: str = "angstrom", energy_unit: str = "kcal/mol",
-            progress: bool = True, overwrite: bool = False) -> dict:
+            progress: bool = True, overwrite: bool = False, graph_cutoff: float | None = None,
+            graph_capacity: int | None = None) -> dict:
     """Write ``source`` into the HDF5 layout at ``target``; return a summary.
+
+    ``graph_cutoff`` (nm) adds precomputed graphs padded to
+    ``graph_capacity`` edges (default: the largest need).
 
     Raises ``FileNotFoundError`` for a missing input, ``FileExistsError`` if
     ``target`` exists (unless ``overwrite``), and :class:`ConversionError`
@@ -204,7 +263,11 @@ def convert(source: str, target: str, n_atoms: int | None = None, chunk: int = 5
     if n_atoms < atoms:
         raise ConversionError(f"n_atoms={n_atoms} is smaller than the largest structure "
                               f"({atoms} atoms).")
-    image, summary = _hdf5_image(data, n, n_atoms, chunk, source, progress)
+    if graph_cutoff is not None:
+        data.update(_graphs(data, n_atoms, float(graph_cutoff), graph_capacity, progress))
+    elif graph_capacity is not None:
+        raise ConversionError("graph_capacity needs graph_cutoff (the graphs' cutoff in nm).")
+    image, summary = _hdf5_image(data, n, n_atoms, chunk, source, progress, graph_cutoff)
     tmp = os.path.join(os.path.dirname(os.path.abspath(target)),
                        f".{os.path.basename(target)}.tmp-{secrets.token_hex(4)}")
     try:
@@ -224,7 +287,8 @@ def convert(source: str, target: str, n_atoms: int | None = None, chunk: int = 5
     return summary
 
 
-def _hdf5_image(data: dict, n: int, n_atoms: int, chunk: int, source: str, progress: bool):
+def _hdf5_image(data: dict, n: int, n_atoms: int, chunk: int, source: str, progress: bool,
+                graph_cutoff=None):
     """The output file's bytes, built in memory.
 
     The file is written by Python afterwards, not by HDF5: with HDF5 2.0 a
@@ -236,7 +300,10 @@ def _hdf5_image(data: dict, n: int, n_atoms: int, chunk: int, source: str, progr
     buf = io.BytesIO()
     with h5py.File(buf, "w") as f:
         f.attrs.update({"length_unit": "nm", "energy_unit": "kJ/mol", "force_unit": "kJ/mol/nm",
-                        "source": os.path.basename(source), "chemtrain_layout": 1})
+                        "stress_unit": "kJ/mol/nm^3", "source": os.path.basename(source),
+                        "chemtrain_layout": 1})
+        if graph_cutoff is not None:
+            f.attrs["graph_cutoff_nm"] = float(graph_cutoff)
         ds = {}
         with tqdm(total=n, desc=f"converting {os.path.basename(source)}",
                   disable=not progress) as bar:
@@ -250,7 +317,7 @@ def _hdf5_image(data: dict, n: int, n_atoms: int, chunk: int, source: str, progr
                 bar.update(stop - start)
         summary = {"structures": n, "atoms (padded)": n_atoms,
                    "datasets": {k: [list(v.shape), str(v.dtype)] for k, v in ds.items()},
-                   "units": "nm, kJ/mol, kJ/mol/nm"}
+                   "units": "nm, kJ/mol, kJ/mol/nm" + (", kJ/mol/nm^3" if "stress" in ds else "")}
     return buf.getbuffer(), summary
 
 
@@ -282,10 +349,15 @@ def main(argv=None) -> int:
     p.add_argument("--length-unit", default="angstrom", help="npz input: angstrom or nm")
     p.add_argument("--energy-unit", default="kcal/mol", help="npz input: kcal/mol, kJ/mol or eV")
     p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    p.add_argument("--graph-cutoff", type=float, default=None,
+                   help="store precomputed graphs with this cutoff in nm (r_max 6 Angstrom = 0.6)")
+    p.add_argument("--graph-capacity", type=int, default=None,
+                   help="edges per structure in the graphs (default: the largest need)")
     args = p.parse_args(argv)
     try:
         summary = convert(args.input, args.output, args.n_atoms, args.chunk, args.length_unit,
-                          args.energy_unit, overwrite=args.overwrite)
+                          args.energy_unit, overwrite=args.overwrite,
+                          graph_cutoff=args.graph_cutoff, graph_capacity=args.graph_capacity)
     except (ValueError, KeyError, OSError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"{p.prog}: error: {' '.join(str(msg).split())}", file=sys.stderr)

@@ -1,9 +1,14 @@
 """In-memory datasets: dicts of equal-length numpy arrays, one row per structure.
 
 Conventions: ``R`` positions (n, atoms, 3) in nm, ``U`` energies (n,) in
-kJ/mol, ``F`` forces (n, atoms, 3) in kJ/mol/nm, optional ``mask`` (n, atoms)
-marking real atoms, optional per-structure weights (n,), and any
-per-structure inputs of the energy function (``species``, ``box``, ...).
+kJ/mol, ``F`` forces (n, atoms, 3) in kJ/mol/nm, ``stress`` (n, 3, 3) in
+kJ/mol/nm^3 (ASE's sign), optional ``mask`` (n, atoms) marking real atoms,
+optional per-structure weights (n,) (``stress_weight``: 0 for structures
+without a stress label), ``box`` (n, 3, 3) with the cell vectors as columns
+(or (n, 3) / (n,) side lengths), precomputed graphs (``senders``,
+``receivers`` (n, edges) and ``shifts`` (n, edges, 3), integers; see
+:mod:`chemtrain.neighbors`), and any per-structure inputs of the energy
+function (``species``, ...).
 :func:`validate_dataset` holds a dataset to these shapes (a target that
 would broadcast against the predictions is refused, not trained on), and
 :func:`check_shapes` applies the same rules to an HDF5 file's datasets.
@@ -14,7 +19,9 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-CHECK_FINITE = ("R", "U", "F")
+CHECK_FINITE = ("R", "U", "F", "stress", "box")
+GRAPH_KEYS = ("senders", "receivers", "shifts")   # precomputed graphs (chemtrain.neighbors)
+STRESS_WEIGHT = "stress_weight"
 
 
 def _fmt(shape) -> str:
@@ -68,6 +75,49 @@ def check_shapes(shapes: Mapping[str, tuple], n: int, name: str = "dataset",
             refuse(key, f"(structures,) = {_fmt((n,))} ({what} per structure)", (n,), got, why)
     if "mask" in shapes and R is not None and tuple(shapes["mask"]) != tuple(R[:2]):
         refuse("mask", f"(structures, atoms) = {_fmt(R[:2])}", tuple(R[:2]), tuple(shapes["mask"]))
+    if "stress" in shapes and tuple(shapes["stress"]) != (n, 3, 3):
+        got = tuple(shapes["stress"])
+        why = (" Voigt stresses (xx, yy, zz, yz, xz, xy) convert with "
+               "ase.stress.voigt_6_to_full_3x3_stress." if got[1:] == (6,) else "")
+        refuse("stress", f"(structures, 3, 3) = {_fmt((n, 3, 3))}", (n, 3, 3), got, why)
+    if "box" in shapes and tuple(shapes["box"]) not in ((n,), (n, 3), (n, 3, 3)):
+        refuse("box", f"(structures, 3, 3) = {_fmt((n, 3, 3))} (the cell vectors as columns), or "
+                      f"side lengths (structures, 3) or (structures,)", None, tuple(shapes["box"]))
+    graphs = [k for k in GRAPH_KEYS if k in shapes]
+    if graphs:
+        if len(graphs) != len(GRAPH_KEYS):
+            raise ValueError(f"{name} has the graph key(s) {graphs} but not "
+                             f"{[k for k in GRAPH_KEYS if k not in graphs]}; a precomputed graph "
+                             f"needs all of {GRAPH_KEYS} (chemtrain.neighbors.add_graphs).")
+        s = tuple(shapes["senders"])
+        if len(s) != 2:
+            refuse("senders", "(structures, edges)", None, s)
+        if tuple(shapes["receivers"]) != s:
+            refuse("receivers", f"(structures, edges) = {_fmt(s)}, the shape of senders", None,
+                   tuple(shapes["receivers"]))
+        if tuple(shapes["shifts"]) != (*s, 3):
+            refuse("shifts", f"(structures, edges, 3) = {_fmt((*s, 3))}", None,
+                   tuple(shapes["shifts"]))
+
+
+def check_graph_values(data: Mapping, name: str = "dataset") -> None:
+    """Integer graph arrays with indices in [0, atoms] (atoms: padding), and
+    no cell shifts without a ``box`` to scale them."""
+    if "senders" not in data:
+        return
+    atoms = data["R"].shape[1] if "R" in data else None
+    for k in GRAPH_KEYS:
+        if not np.issubdtype(data[k].dtype, np.integer):
+            raise ValueError(f"{name}[{k!r}] must hold integers (edge indices or counts of cell "
+                             f"vectors), got dtype {data[k].dtype}.")
+    for k in ("senders", "receivers"):
+        v = data[k]
+        if atoms is not None and v.size and (v.min() < 0 or v.max() > atoms):
+            raise ValueError(f"{name}[{k!r}] holds atom indices from {v.min()} to {v.max()}; they "
+                             f"must lie in [0, {atoms}] ({atoms} marks a padded edge).")
+    if "box" not in data and np.any(data["shifts"]):
+        raise ValueError(f"{name} has non-zero cell shifts but no 'box' to turn them into "
+                         f"vectors; add the cells (structures, 3, 3) as 'box'.")
 
 
 def check_weights(values: np.ndarray, key: str, name: str = "dataset") -> None:
@@ -129,6 +179,7 @@ def validate_dataset(data: Mapping, required: Iterable[str] = ("R",), name: str 
     for k in weights:
         if k in out:
             check_weights(out[k], k, name)
+    check_graph_values(out, name)
     return out
 
 

@@ -1,7 +1,8 @@
 """HDF5ParallelDataLoader: every process reads only its own rows, in a thread.
 
 The file's root holds equal-length datasets, one row per structure (``R``,
-``F``, ``U``, ``mask``, ``species``, ...; see ``chemtrain.data.convert``).
+``F``, ``U``, ``mask``, ``species``, ``box``, ``stress``, precomputed graphs
+``senders``/``receivers``/``shifts``, ...; see ``chemtrain.data.convert``).
 Every process draws the same batch order from ``(seed, epoch)`` and reads, in
 a background thread, only the rows the parallel strategy assigns to it (MPI:
 its contiguous block of the global batch; JAX: the blocks of its devices).
@@ -19,7 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .dataset import check_shapes, check_weights
+from .dataset import GRAPH_KEYS, check_shapes, check_weights
 from .loader import VALID, global_batches, n_batches
 
 _END = object()
@@ -97,10 +98,14 @@ class HDF5ParallelDataLoader:
         if missing:
             raise KeyError(f"{self.path!r} lacks the dataset(s) {missing} that training needs; "
                            f"it has {sorted(self.schema)}.")
-        for k in ("R", "U", "F", *weights):
+        for k in ("R", "U", "F", "stress", "box", *weights):
             if k in self.schema and np.dtype(self.schema[k][1]).kind not in "fiu":
                 raise ValueError(f"The HDF5 file {self.path!r}: dataset {k!r} must hold numbers, "
                                  f"got dtype {np.dtype(self.schema[k][1])}.")
+        for k in GRAPH_KEYS:
+            if k in self.schema and np.dtype(self.schema[k][1]).kind not in "iu":
+                raise ValueError(f"The HDF5 file {self.path!r}: dataset {k!r} must hold integers "
+                                 f"(a precomputed graph), got dtype {np.dtype(self.schema[k][1])}.")
         check_shapes({k: (self.n, *shape) for k, (shape, _) in self.schema.items()}, self.n,
                      f"the HDF5 file {self.path!r}: dataset", weights, where="file")
         for k, v in values.items():
@@ -119,6 +124,11 @@ class HDF5ParallelDataLoader:
             self.shuffle = training
         if self.seed is None:
             self.seed = seed
+
+    def read_columns(self, keys) -> dict:
+        """Whole (small, per-structure) datasets such as ``box``, read once
+        (the trainer checks cells against its neighbor list's cutoff)."""
+        return self._read_columns(keys)
 
     def _read_columns(self, keys) -> dict:
         """Whole (small, per-structure) datasets, read once."""

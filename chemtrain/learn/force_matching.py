@@ -1,11 +1,23 @@
 """Force matching as pure functions: predictions, per-structure losses, and
 metric sums, all for one shard of a padded batch.
 
-A batch is a dict of arrays with a leading sample axis: ``R``, targets ``U``
-and ``F``, optional per-sample weights, ``_valid`` (padded samples are
-False), and every other key is passed to the energy function as a keyword
-argument (``species``, ``box``, ``mask``, ...). With a per-atom ``mask``,
-padded atoms lose their neighbor-list edges and their force errors.
+A batch is a dict of arrays with a leading sample axis: ``R``, targets ``U``,
+``F`` and ``stress``, optional per-sample weights, ``_valid`` (padded
+samples are False), and every other key is passed to the energy function as
+a keyword argument (``species``, ``box``, ``mask``, ...). With a per-atom
+``mask``, padded atoms lose their edges and their force errors.
+
+Edges come from precomputed graphs when the batch holds the graph keys
+(``senders``, ``receivers``, ``shifts``; see :mod:`chemtrain.neighbors`):
+the energy function then gets a :class:`~chemtrain.neighbors.Graph` and no
+jax-md neighbor list is touched. Otherwise a jax-md list is updated for
+every structure.
+
+Stress (kJ/mol/nm^3, ASE's sign: ``(1/V) dE/d(strain)``) is the derivative
+of the energy with respect to jax-md's ``perturbation`` ``I + strain``
+(symmetric), which the energy function must apply to its edge vectors (the
+project's templates do). Structures without a cell (volume 0, molecules)
+predict zero stress and never enter a stress loss or metric.
 """
 from __future__ import annotations
 
@@ -17,8 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..data.loader import VALID
+from ..neighbors import GRAPH_KEYS, graph_from, mask_graph, volume
 
-TARGETS = ("U", "F")
+TARGETS = ("U", "F", "stress")
 
 
 def check_gammas(gammas: Mapping[str, float] | None) -> dict:
@@ -53,26 +66,63 @@ def energy_kwargs(batch: Mapping, exclude) -> dict:
 
 
 def make_predictor(energy_fn_template: Callable, nbrs_init, vary: Callable = lambda t: t) -> Callable:
-    """Return ``predict(params, R, kwargs) -> ({'U', 'F'}, nbr_error)`` for a
-    batch of structures (vmapped over the leading axis of ``R`` and kwargs).
+    """Return ``predict(params, R, kwargs, stress=False) -> (pred, nbr_error)``
+    for a batch of structures (vmapped over the leading axis of ``R`` and
+    kwargs); ``pred`` holds ``U`` and ``F`` and, with ``stress``, ``stress``
+    (3x3) and ``has_stress`` (the structure has a cell).
 
-    Energy and forces come from one ``value_and_grad``; ``nbr_error`` is True
-    where the neighbor list overflowed or was otherwise invalid. ``vary`` is
-    the strategy's :meth:`~chemtrain.parallel.base.Strategy.vary`: the
-    neighbor-list template becomes per-shard data, as jax-md's update mixes
-    it with per-shard positions in one ``lax.cond``.
+    Energy, forces and stress come from one ``value_and_grad``;
+    ``nbr_error`` is True where the neighbor list overflowed or was
+    otherwise invalid (never with precomputed graphs, for which
+    ``nbrs_init`` may be None). ``vary`` is the strategy's
+    :meth:`~chemtrain.parallel.base.Strategy.vary`: the neighbor-list
+    template becomes per-shard data, as jax-md's update mixes it with
+    per-shard positions in one ``lax.cond``.
     """
 
-    def one(params, nbrs0, R, kwargs):
-        energy_fn = energy_fn_template(params)
+    def neighbors_of(nbrs0, R, kwargs):
+        if all(k in kwargs for k in GRAPH_KEYS):
+            nbrs, error = graph_from(kwargs), jnp.zeros((), bool)
+            kwargs = {k: v for k, v in kwargs.items() if k not in GRAPH_KEYS}
+            if "mask" in kwargs:
+                nbrs = mask_graph(nbrs, kwargs["mask"])
+            return nbrs, error, kwargs
+        if nbrs0 is None:
+            raise ValueError("nbrs_init is None, so every batch must carry precomputed graphs "
+                             f"{GRAPH_KEYS}; this one has {sorted(kwargs)}. Add them with "
+                             "chemtrain.neighbors.add_graphs(data, cutoff) or pass a jax-md "
+                             "neighbor list as nbrs_init.")
         nbrs = nbrs0.update(R, **({"box": kwargs["box"]} if "box" in kwargs else {}))
         if "mask" in kwargs:
             nbrs = mask_neighbors(nbrs, kwargs["mask"])
-        U, dU = jax.value_and_grad(lambda r: energy_fn(r, neighbor=nbrs, **kwargs))(R)
-        return {"U": U, "F": -dU}, nbrs.error.code != 0
+        return nbrs, nbrs.error.code != 0, kwargs
 
-    def predict(params, R, kwargs):
-        return jax.vmap(one, in_axes=(None, None, 0, 0))(params, vary(nbrs_init), R, kwargs)
+    def one(params, nbrs0, R, kwargs, strain0):
+        energy_fn = energy_fn_template(params)
+        nbrs, error, kwargs = neighbors_of(nbrs0, R, kwargs)
+        if strain0 is None:
+            U, dU = jax.value_and_grad(lambda r: energy_fn(r, neighbor=nbrs, **kwargs))(R)
+            return {"U": U, "F": -dU}, error
+        if "box" not in kwargs:
+            raise ValueError("A stress target needs each structure's cell: add 'box' (structures, "
+                             "3, 3) to the data (zeros for structures without a cell).")
+
+        def energy(r, strain):
+            strain = 0.5 * (strain + strain.T)
+            return energy_fn(r, neighbor=nbrs, perturbation=jnp.eye(3, dtype=r.dtype) + strain,
+                             **kwargs)
+        U, (dU, dS) = jax.value_and_grad(energy, argnums=(0, 1))(R, strain0)
+        V = volume(kwargs["box"]).astype(R.dtype)
+        has = V > 0
+        sigma = jnp.where(has, dS / jnp.where(has, V, 1.0), 0.0)
+        return {"U": U, "F": -dU, "stress": sigma, "has_stress": has}, error
+
+    def predict(params, R, kwargs, stress=False):
+        # the zero strain is per-shard data: a replicated one would have its
+        # derivative summed over the shards by shard_map's transpose
+        strain0 = vary(jnp.zeros((R.shape[0], 3, 3), R.dtype)) if stress else None
+        return jax.vmap(one, in_axes=(None, None, 0, 0, 0))(params, vary(nbrs_init), R, kwargs,
+                                                           strain0)
 
     return predict
 
@@ -87,6 +137,8 @@ def per_sample_errors(pred: Mapping, batch: Mapping, targets) -> dict:
     for t in targets:
         if t == "U":
             out[t] = (pred["U"] - batch["U"]) ** 2
+        elif t == "stress":
+            out[t] = jnp.mean((pred[t] - batch[t]) ** 2, axis=(-2, -1))
         elif t == "F":
             sq = jnp.sum((pred["F"] - batch["F"]) ** 2, axis=-1)
             if "mask" in batch:
@@ -97,6 +149,19 @@ def per_sample_errors(pred: Mapping, batch: Mapping, targets) -> dict:
         else:
             raise ValueError(f"Unknown target {t!r}; force matching knows {TARGETS}.")
     return out
+
+
+def sample_weights(pred: Mapping, batch: Mapping, target: str, weights_keys: Mapping[str, str],
+                   dtype):
+    """Per-structure weight of a target's error: valid samples, times the
+    data's weights (``weights_keys``), times, for stress, whether the
+    structure has a cell."""
+    w = batch[VALID].astype(dtype)
+    if target in weights_keys:
+        w = w * batch[weights_keys[target]]
+    if target == "stress":
+        w = w * pred["has_stress"].astype(dtype)
+    return w
 
 
 def make_shard_loss(predict: Callable, gammas: Mapping[str, float],
@@ -111,15 +176,14 @@ def make_shard_loss(predict: Callable, gammas: Mapping[str, float],
     targets = tuple(gammas)
 
     def loss_fn(params, batch):
-        pred, nbr_error = predict(params, batch["R"], energy_kwargs(batch, inputs_exclude))
+        pred, nbr_error = predict(params, batch["R"], energy_kwargs(batch, inputs_exclude),
+                                  stress="stress" in targets)
         valid = batch[VALID]
         capacity = valid.shape[0]
         errors = per_sample_errors(pred, batch, targets)
         parts = {}
         for t in targets:
-            w = valid.astype(errors[t].dtype)
-            if t in weights_keys:
-                w = w * batch[weights_keys[t]]
+            w = sample_weights(pred, batch, t, weights_keys, errors[t].dtype)
             parts[t] = jnp.sum(w * errors[t]) / capacity
         loss = sum(gammas[t] * parts[t] for t in targets)
         return loss, {"parts": parts, "nbr_errors": jnp.sum(nbr_error & valid)}
@@ -132,25 +196,29 @@ def make_metric_sums(predict: Callable, gammas: Mapping[str, float],
     """Return ``sums(params, batch)``: per-shard sums for exact global metrics.
 
     For each target: sum of absolute and squared errors and the number of
-    values; plus the summed per-structure loss and number of valid structures.
-    Dividing the global sums once gives MAE, RMSE and the mean loss whatever
-    the padding.
+    values (stress: of structures with a cell and a weight above 0); plus
+    the summed per-structure loss and number of valid structures. Dividing
+    the global sums once gives MAE, RMSE and the mean loss whatever the
+    padding.
     """
     targets = tuple(gammas)
 
     def sums(params, batch):
-        pred, nbr_error = predict(params, batch["R"], energy_kwargs(batch, inputs_exclude))
+        pred, nbr_error = predict(params, batch["R"], energy_kwargs(batch, inputs_exclude),
+                                  stress="stress" in targets)
         valid = batch[VALID]
         fvalid = valid.astype(pred["U"].dtype)
         errors = per_sample_errors(pred, batch, targets)
         out = {"n": jnp.sum(fvalid), "nbr_errors": jnp.sum(nbr_error & valid)}
         loss = 0.0
         for t in targets:
-            w = fvalid * (batch[weights_keys[t]] if t in weights_keys else 1.0)
+            w = sample_weights(pred, batch, t, weights_keys, fvalid.dtype)
             loss = loss + gammas[t] * jnp.sum(w * errors[t])
             d = pred[t] - batch[t]
             if t == "U":
                 m = fvalid
+            elif t == "stress":  # structures with a cell and a stress label
+                m = (w > 0).astype(d.dtype)[:, None, None] * jnp.ones_like(d)
             else:
                 atom = batch["mask"].astype(d.dtype) if "mask" in batch else jnp.ones(d.shape[:2], d.dtype)
                 m = (atom * fvalid[:, None])[..., None] * jnp.ones_like(d)

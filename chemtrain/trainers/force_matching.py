@@ -40,7 +40,7 @@ class ForceMatching:
         returning one structure's energy (kJ/mol), or a
         :class:`chemtrain.models.EnergyTemplate`. Dataset keys other than
         ``R``, targets and weights arrive as keyword arguments.
-      nbrs_init: a jax-md neighbor list allocated for the largest structure.
+      nbrs_init: a jax-md neighbor list for the largest structure (None: graphs in the data).
       batch: global structures per step, divisible by the number of shards.
       parallelism: 'auto', 'single', 'jax' or 'mpi' (see chemtrain.parallel).
       mesh: optional 1-D ``jax.sharding.Mesh`` with axis 'data' for 'jax'.

@@ -12,7 +12,9 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..data import InMemoryLoader, split_dataset, validate_dataset
+from ..data.dataset import STRESS_WEIGHT
 from ..data.loader import Loader, describe
+from ..neighbors import GRAPH_KEYS, check_minimum_image, list_cutoff
 from ..parallel import on_root
 
 STAGES = ("training", "validation", "testing")
@@ -28,7 +30,10 @@ class DataStages:
       weights: keys of per-structure weights (checked to be >= 0).
       validate_for_model: the model's own check (``EnergyTemplate.validate_dataset``).
       nbrs_init: the neighbor list; positions of another dtype than it was
-        allocated with are refused.
+        allocated with are refused, and so are periodic cells narrower than
+        twice its cutoff (:func:`chemtrain.neighbors.list_cutoff`) unless
+        the data carry precomputed graphs. None: every dataset must carry
+        graphs.
       seed: seed of the training-batch order.
     """
 
@@ -41,6 +46,8 @@ class DataStages:
         self.validate_for_model = validate_for_model
         ref = getattr(nbrs_init, "reference_position", None)
         self.positions_dtype = None if ref is None else np.dtype(ref.dtype)
+        self.graphs_only = nbrs_init is None
+        self.cutoff = None if nbrs_init is None else list_cutoff(nbrs_init)
         self.seed = seed
         self.loaders: dict[str, Loader] = {}
 
@@ -85,6 +92,12 @@ class DataStages:
         schema = getattr(loader, "schema", None)
         if schema and "R" in schema:
             self.check_positions_dtype(schema["R"][1], f"the {stage} loader's 'R'")
+        if schema:
+            name = f"the {stage} loader's data"
+            columns = getattr(loader, "read_columns", None)
+            cells = ({} if columns is None or "box" not in schema or self.cutoff is None
+                     else columns([k for k in ("box", "pbc") if k in schema]))
+            self.check_structures(set(schema), self.required, name, cells)
         self.loaders[stage] = loader
 
     def in_memory(self, dataset, name, shuffle, drop_last, required=None) -> InMemoryLoader:
@@ -100,6 +113,7 @@ class DataStages:
         weights = [w for w in self.weights if w in required]
         data = validate_dataset(dataset, required, name=name, weights=weights)
         self.check_positions_dtype(data["R"].dtype, f"{name}['R']")
+        self.check_structures(set(data), required, name, data)
         if self.validate_for_model is not None:
             self.validate_for_model(data)
         return data
@@ -111,6 +125,28 @@ class DataStages:
                 f"{self.positions_dtype} positions; jax-md needs one dtype. Convert the data "
                 f"(R.astype(np.{self.positions_dtype})) or allocate the neighbor list on "
                 f"positions of dtype {np.dtype(dtype)}.")
+
+    def check_structures(self, keys, required, name, cells) -> None:
+        """Edges and stress need more than shapes: graphs where there is no
+        neighbor list, cells wide enough for a minimum-image list, a cell for
+        a stress target, and the stress weights a converted file carries."""
+        graphs = [k for k in GRAPH_KEYS if k in keys]
+        if not graphs and self.graphs_only:
+            raise ValueError(
+                f"nbrs_init is None, so {name} must carry precomputed graphs {GRAPH_KEYS}; it has "
+                f"{sorted(keys)}. Add them with chemtrain.neighbors.add_graphs(data, cutoff) "
+                f"(chemtrain-convert --graph-cutoff for HDF5 files) or pass a jax-md neighbor "
+                f"list as nbrs_init.")
+        if not graphs and "box" in cells and self.cutoff is not None:
+            check_minimum_image(cells["box"], self.cutoff, cells.get("pbc"), name=f"{name}['box']")
+        if "stress" in required and "box" not in keys:
+            raise ValueError(f"{name}: a stress target needs each structure's cell; add 'box' "
+                             f"(structures, 3, 3), zeros for structures without a cell.")
+        if "stress" in required and STRESS_WEIGHT in keys and STRESS_WEIGHT not in self.weights:
+            raise ValueError(
+                f"{name} has {STRESS_WEIGHT!r} (0 for structures without a stress label) but the "
+                f"trainer does not use it: pass weights_keys={{'stress': {STRESS_WEIGHT!r}}}, so "
+                f"that unlabelled structures are not trained towards zero stress.")
 
     def reseed(self, seed: int) -> None:
         self.seed = seed

@@ -1,4 +1,5 @@
-"""MACE as a chemtrain energy function on jax-md neighbor lists.
+"""MACE as a chemtrain energy function on precomputed graphs or jax-md
+neighbor lists.
 
 Unit conversion lives here and only here: chemtrain works in nm and kJ/mol,
 MACE (and its published weights) in Angstrom and eV. Positions are multiplied
@@ -10,12 +11,11 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
-import jax
 import jax.numpy as jnp
 
 from chemtrain import units
 from chemtrain.models.mace.model import MaceConfig, node_energies
-from chemtrain.models.pair import neighbor_pairs
+from chemtrain.neighbors import GRAPH_KEYS, check_minimum_image, edge_vectors
 from chemtrain.models.template import EnergyTemplate
 
 LENGTH_TO_ANGSTROM = 1.0 / units.ANGSTROM_TO_NM   # nm -> Angstrom
@@ -62,18 +62,33 @@ def check_species(cfg: MaceConfig, species, mask=None) -> None:
             f"model trained on these elements.")
 
 
-def energy_fn_template(cfg: MaceConfig, displacement_fn: Callable, method: str | None = None) -> Callable:
+def check_cells(cfg: MaceConfig, data) -> None:
+    """Refuse periodic cells narrower than twice ``r_max`` unless the data
+    carry precomputed graphs (a jax-md neighbor list counts one periodic
+    image per pair; mace-torch counts all of them)."""
+    if "box" in data and not all(k in data for k in GRAPH_KEYS):
+        check_minimum_image(data["box"], cfg.r_max / LENGTH_TO_ANGSTROM, data.get("pbc"),
+                            name="The MACE data's box")
+
+
+def energy_fn_template(cfg: MaceConfig, displacement_fn: Callable | None = None,
+                       method: str | None = None) -> Callable:
     """``params -> energy_fn(positions, neighbor, species=..., mask=..., box=...)``.
 
     ``species`` are atomic numbers (per atom), ``mask`` marks real atoms
-    (padding is False) and ``box`` is passed to ``displacement_fn`` (periodic
-    systems; jax-md's ``space.periodic_general`` with fractional coordinates
-    works as well as plain ``space.free``). The neighbor list must hold both
-    directions of every pair (jax-md Sparse or Dense formats) with a cutoff
-    of at least ``cfg.r_max`` Angstrom (``cfg.r_max / 10`` nm); edges longer
-    than that, padded edges and edges to masked atoms contribute nothing.
-    The energy is NaN if a real atom's element is unknown to the model, so a
-    trainer stops rather than learn from it.
+    (padding is False). ``neighbor`` is either a precomputed
+    :class:`chemtrain.neighbors.Graph` (every periodic image as an edge,
+    exactly as mace-torch counts them; ``box`` gives the cell the shifts
+    refer to, and ``displacement_fn`` may be None) or a jax-md neighbor list
+    holding both directions of every pair (Sparse or Dense) with a cutoff of
+    at least ``cfg.r_max`` Angstrom (``cfg.r_max / 10`` nm), used with
+    ``displacement_fn`` (``space.free``, or ``space.periodic_general`` for
+    cells at least ``2 r_max`` wide; ``box`` is passed on). ``perturbation``
+    (jax-md's strain of every edge vector) is honoured in both cases, so the
+    stress is the derivative with respect to it. Edges longer than ``r_max``,
+    padded edges and edges to masked atoms contribute nothing. The energy is
+    NaN if a real atom's element is unknown to the model, so a trainer stops
+    rather than learn from it.
     """
 
     def template(params):
@@ -81,26 +96,26 @@ def energy_fn_template(cfg: MaceConfig, displacement_fn: Callable, method: str |
             from jax_md import partition
             if species is None:
                 raise ValueError("The MACE energy function needs species= (atomic numbers per atom).")
-            if neighbor.format is partition.NeighborListFormat.OrderedSparse:
+            if getattr(neighbor, "format", None) is partition.NeighborListFormat.OrderedSparse:
                 raise ValueError("MACE needs both directions of each pair: use a jax-md "
                                  "neighbor list in Sparse or Dense format, not OrderedSparse.")
             n = positions.shape[0]
             element = species_to_elements(cfg, species)
             node_mask = jnp.ones((n,), bool) if mask is None else jnp.asarray(mask).astype(bool)
-            i, j, _ = neighbor_pairs(neighbor, n)
-            ic, jc = jnp.minimum(i, n - 1), jnp.minimum(j, n - 1)
-            real = (i < n) & (j < n) & (i != j) & node_mask[ic] & node_mask[jc]
-            disp = {"box": kwargs["box"]} if "box" in kwargs else {}
-            # receiver i, sender j; the vector points from sender to receiver
-            vec = jax.vmap(lambda a, b: displacement_fn(a, b, **disp))(positions[ic], positions[jc])
-            e = node_energies(params, cfg, vec * LENGTH_TO_ANGSTROM, senders=jc, receivers=ic,
-                              edge_mask=real, element=jnp.maximum(element, 0), node_mask=node_mask,
-                              method=method)
+            senders, receivers, vec, real = edge_vectors(
+                displacement_fn, positions, neighbor, box=kwargs.get("box"),
+                perturbation=kwargs.get("perturbation"))
+            real = real & node_mask[senders] & node_mask[receivers]
+            e = node_energies(params, cfg, vec * LENGTH_TO_ANGSTROM, senders=senders,
+                              receivers=receivers, edge_mask=real,
+                              element=jnp.maximum(element, 0), node_mask=node_mask, method=method)
             energy = jnp.sum(e) * ENERGY_TO_KJ_PER_MOL
             unknown = jnp.any(node_mask & (element < 0))
             return jnp.where(unknown, jnp.nan, energy)
         return energy_fn
 
-    return EnergyTemplate(template, check_vma=CHECK_VMA,
-                          validate_dataset=lambda data: check_species(cfg, data.get("species"),
-                                                                      data.get("mask")))
+    def validate(data):
+        check_species(cfg, data.get("species"), data.get("mask"))
+        check_cells(cfg, data)
+
+    return EnergyTemplate(template, check_vma=CHECK_VMA, validate_dataset=validate)
