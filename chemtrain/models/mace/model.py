@@ -69,7 +69,9 @@ class MaceConfig:
     covalent_radii: tuple[float, ...] = ()  # Angstrom, indexed by atomic number
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        # numpy scalars (e.g. atomic numbers taken from an array) as plain numbers
+        return json.dumps(dataclasses.asdict(self),
+                          default=lambda x: x.item() if hasattr(x, "item") else str(x))
 
     @classmethod
     def from_json(cls, text: str) -> "MaceConfig":
