@@ -1,6 +1,7 @@
 """Trainers: thin stateful shells over the pure functions in chemtrain.learn,
 composed of the shared services in :mod:`chemtrain.trainers.services`."""
+from .difftre import Difftre, DifftreParallel
 from .force_matching import ForceMatching
 from .services import TrainingError
 
-__all__ = ["ForceMatching", "TrainingError"]
+__all__ = ["ForceMatching", "Difftre", "DifftreParallel", "TrainingError"]

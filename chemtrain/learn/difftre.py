@@ -1,0 +1,365 @@
+"""DiffTRe as pure functions: Boltzmann reweighting of stored snapshots, the
+effective sample size, ensemble observables, the loss and gradient of one
+state point, the recompute rule, the step-size search, the batches of state
+points of an epoch and the random keys.
+
+A state point's trajectory is a list of *chains*; each chain is a pair
+``(snapshots, nbrs)``: jax-md simulator states stacked along axis 0 and the
+neighbor list the chain ended with (it is updated to every snapshot).
+``U_ref`` holds the potential energy of every snapshot of every chain (in
+chain order) under the parameters that generated them. With parameters
+theta, snapshot ``i`` gets the weight
+
+    w_i = exp(-(U_theta_i - U_ref_i) / kT) / sum_j exp(-(U_theta_j - U_ref_j) / kT)
+
+(in an NPT ensemble the ``pressure * volume`` terms of both ensembles are
+equal for a stored snapshot and cancel, so the same formula holds). Every
+observable is a function of the per-snapshot quantities and these weights;
+the loss is differentiated through both, since quantities such as the
+pressure or the energy depend on theta too.
+
+Nothing here depends on how state points are spread over processes: random
+keys derive from the state-point index and the update count only.
+"""
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# -- reweighting ----------------------------------------------------------
+
+
+def reweighting_weights(U_theta, U_ref, kT):
+    """Normalised Boltzmann weights of snapshots sampled at ``U_ref``.
+
+    ``softmax(-(U_theta - U_ref) / kT)`` over the last axis, computed with
+    the maximum subtracted, so large energy differences neither overflow nor
+    underflow to all zeros. At ``U_theta == U_ref`` every weight is 1/N.
+    """
+    U_theta, U_ref = jnp.asarray(U_theta), jnp.asarray(U_ref)
+    if U_theta.shape != U_ref.shape:
+        raise ValueError(f"U_theta has shape {U_theta.shape} but U_ref has {U_ref.shape}; "
+                         f"both need one energy per snapshot.")
+    return jax.nn.softmax(-(U_theta - U_ref) / kT, axis=-1)
+
+
+def effective_sample_size(weights):
+    """N_eff = exp(-sum_i w_i ln w_i) of normalised weights (N for uniform
+    weights, 1 when one snapshot carries all the weight)."""
+    w = jnp.asarray(weights)
+    safe = jnp.where(w > 0, w, 1.0)
+    return jnp.exp(-jnp.sum(jnp.where(w > 0, w * jnp.log(safe), 0.0), axis=-1))
+
+
+def needs_recompute(n_eff, n_snapshots, reweight_ratio) -> bool:
+    """True when a trajectory's snapshots are too unevenly weighted to be
+    reused: ``N_eff < reweight_ratio * N``."""
+    return bool(float(n_eff) < float(reweight_ratio) * float(n_snapshots))
+
+
+def weighted_mean(values, weights):
+    """Weighted mean over the leading (snapshot) axis of ``values``."""
+    values, w = jnp.asarray(values), jnp.asarray(weights)
+    if not jnp.issubdtype(values.dtype, jnp.inexact):  # counts, flags
+        values = values.astype(w.dtype)
+    return jnp.tensordot(w, values, axes=(0, 0))
+
+
+def traj_mean(quantity: str) -> Callable:
+    """Observable factory: the weighted mean of one quantity.
+
+    Returns ``observable(quantity_trajs, weights)``, where ``quantity_trajs``
+    maps quantity names to per-snapshot values (leading snapshot axis). This
+    is the observable of every target that names a quantity and no
+    observable of its own."""
+    def observable(quantity_trajs, weights):
+        return weighted_mean(quantity_trajs[quantity], weights)
+    observable.__name__ = f"traj_mean_{quantity}"
+    return observable
+
+
+# -- targets and loss -----------------------------------------------------
+
+
+def mse(prediction, target):
+    """Mean squared error over all elements."""
+    return jnp.mean((jnp.asarray(prediction) - jnp.asarray(target)) ** 2)
+
+
+def resolve_observables(targets: Mapping, quantities: Mapping,
+                        observables: Mapping | None, require_values: bool = True) -> dict:
+    """The observable of every target and of every given observable.
+
+    A target named like a quantity and without its own observable gets the
+    weighted mean of that quantity. A target with neither is an error.
+    ``require_values=False`` accepts target specs without their 'target'
+    array (the values then come with every loss evaluation)."""
+    if not isinstance(targets, Mapping) or not targets:
+        raise ValueError(f"targets must be a non-empty dict {{name: {{'target': array, "
+                         f"'gamma': weight}}}}, got {targets!r}.")
+    if not isinstance(quantities, Mapping) or not quantities:
+        raise ValueError("quantities must be a non-empty dict {name: fn(state, neighbor=..., "
+                         "energy_fn=..., **state_kwargs)} of per-snapshot functions.")
+    for name, fn in quantities.items():
+        if not callable(fn):
+            raise TypeError(f"quantities[{name!r}] must be a function of one snapshot, "
+                            f"got {type(fn).__name__}.")
+    observables = dict(observables or {})
+    for name, fn in observables.items():
+        if not callable(fn):
+            raise TypeError(f"observables[{name!r}] must be a function "
+                            f"(quantity_trajs, weights) -> array, got {type(fn).__name__}.")
+    for name, spec in targets.items():
+        if not isinstance(spec, Mapping) or (require_values and "target" not in spec):
+            raise ValueError(f"targets[{name!r}] must be a dict with a 'target' array (and "
+                             f"optionally 'gamma' and 'loss_fn'), got {spec!r}.")
+        unknown = set(spec) - {"target", "gamma", "loss_fn"}
+        if unknown:
+            raise ValueError(f"targets[{name!r}] has unknown keys {sorted(unknown)}; "
+                             f"allowed are 'target', 'gamma', 'loss_fn'.")
+        if name not in observables:
+            if name not in quantities:
+                raise ValueError(
+                    f"Target {name!r} has no observable: there is neither observables[{name!r}] "
+                    f"nor a quantity {name!r} whose weighted mean could serve. Quantities: "
+                    f"{sorted(quantities)}; observables: {sorted(observables)}. Add "
+                    f"observables[{name!r}] or rename the target.")
+            observables[name] = traj_mean(name)
+    return observables
+
+
+def statepoint_loss(predictions: Mapping, targets: Mapping, target_values: Mapping):
+    """``sum_k gamma_k * loss_k(prediction_k, target_k)`` of one state point.
+
+    ``targets`` holds each target's 'gamma' (default 1) and optional
+    'loss_fn(prediction, target)' (default :func:`mse`); ``target_values``
+    holds this state point's target arrays. Returns (loss, parts)."""
+    parts = {name: spec.get("loss_fn", mse)(predictions[name], target_values[name])
+             for name, spec in targets.items()}
+    loss = sum(spec.get("gamma", 1.0) * parts[name] for name, spec in targets.items())
+    return loss, parts
+
+
+# state_kwargs that describe the ensemble and never reach the energy function
+# (the trajectory generator computes U_ref with the same rule)
+ENSEMBLE_KEYS = ("kT", "pressure", "mass", "box")
+
+
+def snapshot_energy_kwargs(snapshot, state_kwargs: Mapping) -> dict:
+    """Keyword arguments of the energy function for one snapshot: the
+    non-ensemble ``state_kwargs`` and, for NPT states, the snapshot's box."""
+    from ..simulate.trajectory import state_box_kwargs
+    out = {k: v for k, v in state_kwargs.items() if k not in ENSEMBLE_KEYS}
+    out.update(state_box_kwargs(snapshot))
+    return out
+
+
+def _map(fn, xs, batch_size):
+    n = jax.tree.leaves(xs)[0].shape[0]
+    if batch_size is None or batch_size >= n:
+        return jax.vmap(fn)(xs)
+    return jax.lax.map(fn, xs, batch_size=batch_size)
+
+
+def make_snapshot_evaluator(energy_fn_template: Callable | None,
+                            quantities: Mapping | None = None,
+                            vmap_batch: int | None = 10) -> Callable:
+    """Return ``evaluate(params, chains, state_kwargs) -> (U, quantity_trajs,
+    n_overflow)``: the potential energy under ``params`` and the per-snapshot
+    quantities of every snapshot of every chain (concatenated in chain order),
+    and the number of snapshots whose neighbor list overflowed.
+
+    Quantities receive ``energy_fn=energy_fn_template(params)``, so the ones
+    that depend on the potential (pressure, energy) follow ``params``.
+    Without a template (None) no energy is computed (U is None) and the
+    quantities must not use the potential. ``vmap_batch`` snapshots are
+    evaluated at once (None: all)."""
+    from ..simulate.trajectory import state_box_kwargs
+    quantities = dict(quantities or {})
+
+    def evaluate(params, chains, state_kwargs):
+        energy_fn = energy_fn_template(params) if energy_fn_template is not None else _no_energy
+
+        def one(nbrs0, snapshot):
+            nbrs = nbrs0.update(snapshot.position, **state_box_kwargs(snapshot))
+            U = None if energy_fn_template is None else energy_fn(
+                snapshot.position, neighbor=nbrs, **snapshot_energy_kwargs(snapshot, state_kwargs))
+            q = {name: fn(snapshot, neighbor=nbrs, energy_fn=energy_fn, **state_kwargs)
+                 for name, fn in quantities.items()}
+            return U, q, nbrs.did_buffer_overflow
+
+        outs = [_map(lambda s, nb=nbrs0: one(nb, s), snapshots, vmap_batch)
+                for snapshots, nbrs0 in chains]
+        U = None if energy_fn_template is None else jnp.concatenate([o[0] for o in outs])
+        q = {name: jnp.concatenate([o[1][name] for o in outs]) for name in quantities}
+        n_overflow = sum(jnp.sum(o[2]) for o in outs)
+        return U, q, n_overflow
+
+    return evaluate
+
+
+class _EnergyUsed(Exception):
+    pass
+
+
+def _no_energy(*args, **kwargs):
+    raise _EnergyUsed
+
+
+def potential_dependent(quantities: Mapping, snapshot, nbrs, state_kwargs: Mapping) -> set:
+    """Names of the quantities that call the energy function they are given
+    (and so depend on the parameters), found by tracing each on one
+    snapshot. The others depend on the snapshot alone: their values can be
+    computed once per trajectory and reused while reweighting."""
+    from ..simulate.trajectory import state_box_kwargs
+    dependent = set()
+    for name, fn in quantities.items():
+        def probe(s, nb, kw, fn=fn):
+            return fn(s, neighbor=nb.update(s.position, **state_box_kwargs(s)),
+                      energy_fn=_no_energy, **kw)
+        try:
+            jax.eval_shape(probe, snapshot, nbrs, dict(state_kwargs))
+        except _EnergyUsed:
+            dependent.add(name)
+    return dependent
+
+
+def make_statepoint_loss(energy_fn_template: Callable, quantities: Mapping, targets: Mapping,
+                         observables: Mapping | None = None, loss_fn: Callable | None = None,
+                         vmap_batch: int | None = 10, fixed: tuple = ()) -> Callable:
+    """Return ``loss(params, chains, U_ref, target_values, state_kwargs,
+    fixed_values=None) -> (loss, aux)``: the DiffTRe loss of one state point
+    as a function of the parameters, to be differentiated with ``jax.grad``.
+    ``targets`` gives each target's 'gamma' and optional 'loss_fn' (a
+    'target' entry is ignored: ``target_values`` holds the values, so one
+    compiled loss serves every state point).
+
+    Every snapshot's energy and quantities are evaluated under ``params``,
+    except the quantities named in ``fixed`` (see
+    :func:`potential_dependent`), whose per-snapshot values come in
+    ``fixed_values``. The weights follow from ``U_ref`` and
+    ``state_kwargs['kT']``; the observables (see
+    :func:`resolve_observables`) are the predictions. The loss is
+    ``loss_fn(predictions, target_values)`` if given, else
+    :func:`statepoint_loss`. ``aux`` holds 'predictions', 'parts',
+    'weights', 'n_eff' and 'nbr_overflow' (snapshots whose neighbor list
+    overflowed: their values are invalid).
+    """
+    observables = resolve_observables(targets, quantities, observables, require_values=False)
+    unknown = set(fixed) - set(quantities)
+    if unknown:
+        raise ValueError(f"fixed names unknown quantities {sorted(unknown)}.")
+    evaluate = make_snapshot_evaluator(
+        energy_fn_template, {k: v for k, v in quantities.items() if k not in fixed}, vmap_batch)
+
+    def loss(params, chains, U_ref, target_values, state_kwargs, fixed_values=None):
+        U, qs, n_overflow = evaluate(params, chains, state_kwargs)
+        qs = dict(qs, **{k: fixed_values[k] for k in fixed})
+        weights = reweighting_weights(U, U_ref, state_kwargs["kT"])
+        predictions = {name: fn(qs, weights) for name, fn in observables.items()}
+        for name in targets:
+            got, want = jnp.shape(predictions[name]), jnp.shape(target_values[name])
+            if got != want:
+                raise ValueError(f"The observable {name!r} has shape {got} but its target has "
+                                 f"shape {want}; give targets[{name!r}]['target'] the shape of "
+                                 f"the observable (per state point).")
+        if loss_fn is None:
+            value, parts = statepoint_loss(predictions, targets, target_values)
+        else:
+            value, parts = loss_fn(predictions, target_values), {}
+        aux = {"predictions": predictions, "parts": parts, "weights": weights,
+               "n_eff": effective_sample_size(weights), "nbr_overflow": n_overflow}
+        return value, aux
+
+    return loss
+
+
+def make_neff_fn(energy_fn_template: Callable, vmap_batch: int | None = 10) -> Callable:
+    """Return ``n_eff(params, chains, U_ref, state_kwargs)``: the effective sample size
+    of one state point's snapshots under ``params`` (energies only)."""
+    evaluate = make_snapshot_evaluator(energy_fn_template, None, vmap_batch)
+
+    def n_eff(params, chains, U_ref, state_kwargs):
+        U, _, _ = evaluate(params, chains, state_kwargs)
+        kT = state_kwargs["kT"]
+        return effective_sample_size(reweighting_weights(U, U_ref, kT))
+
+    return n_eff
+
+
+# -- step-size search -------------------------------------------------------
+
+
+def step_size_candidates(n: int = 10) -> np.ndarray:
+    """Scales of the optimizer's step tried by the search, largest first:
+    1, 1/2, 1/4, ... (``n`` values)."""
+    if n < 1:
+        raise ValueError(f"The step-size search needs at least one candidate, got n={n}.")
+    return 0.5 ** np.arange(n)
+
+
+def scaled_params(params, updates, scale):
+    """``params + scale * updates`` (leaf-wise)."""
+    return jax.tree.map(lambda p, u: p + jnp.asarray(scale, jnp.result_type(p)) * u,
+                        params, updates)
+
+
+def step_size_violations(n_eff_candidates, n_eff_now, allowed_reduction):
+    """Per candidate scale, how many state points would lose too much of
+    their effective sample size: ``n_eff_candidates`` has shape
+    (state points, candidates), ``n_eff_now`` (state points,). A candidate
+    is allowed when ``N_eff(candidate) >= allowed_reduction * N_eff(now)``
+    for every state point. Sum these counts over processes before choosing."""
+    cand = np.asarray(n_eff_candidates, np.float64).reshape(len(np.atleast_1d(n_eff_now)), -1)
+    now = np.asarray(n_eff_now, np.float64).reshape(-1, 1)
+    return np.sum(~(cand >= allowed_reduction * now), axis=0).astype(np.int64)
+
+
+def choose_step_size(candidates, violations) -> tuple[float, bool]:
+    """The largest candidate without violations; (scale, found). When every
+    candidate violates the bound the smallest is returned with found=False."""
+    candidates, violations = np.asarray(candidates), np.asarray(violations)
+    order = np.argsort(-candidates)
+    for i in order:
+        if violations[i] == 0:
+            return float(candidates[i]), True
+    return float(candidates[order[-1]]), False
+
+
+# -- batches and keys -------------------------------------------------------
+
+
+def statepoint_batches(n_statepoints: int, sim_batch_size: int) -> list[list[int]]:
+    """The state points of each update of an epoch, in order.
+
+    ``sim_batch_size=-1`` updates from all state points at once. A remainder
+    that does not fill a batch joins the batch before it, so every state
+    point is used exactly once per epoch."""
+    if n_statepoints < 1:
+        raise ValueError("There are no state points to train on.")
+    if isinstance(sim_batch_size, bool) or not isinstance(sim_batch_size, (int, np.integer)) \
+            or (sim_batch_size < 1 and sim_batch_size != -1):
+        raise ValueError(f"sim_batch_size must be a positive integer or -1 (all state points "
+                         f"in one update), got {sim_batch_size!r}.")
+    if sim_batch_size == -1:
+        return [list(range(n_statepoints))]
+    if sim_batch_size > n_statepoints:
+        raise ValueError(f"sim_batch_size={sim_batch_size} is larger than the number of state "
+                         f"points ({n_statepoints}); use at most {n_statepoints}, or -1 for all.")
+    n_full = n_statepoints // sim_batch_size
+    batches = [list(range(i * sim_batch_size, (i + 1) * sim_batch_size)) for i in range(n_full)]
+    batches[-1].extend(range(n_full * sim_batch_size, n_statepoints))
+    return batches
+
+
+def statepoint_key(base_key, statepoint_index: int, update_count: int, chain: int = 0):
+    """The random key of one trajectory: a function of the run's base key,
+    the state point's global index, the number of updates done so far and
+    the chain, and of nothing that depends on the distribution over
+    processes."""
+    key = jax.random.fold_in(base_key, int(statepoint_index))
+    key = jax.random.fold_in(key, int(update_count))
+    return jax.random.fold_in(key, int(chain))

@@ -1,0 +1,212 @@
+"""DiffTRe trainers (upstream chemtrain's names): ``DifftreParallel`` takes
+the state points as a batch with a leading axis, ``Difftre`` adds them one by
+one with ``add_statepoint``. Both run the loop of
+:mod:`chemtrain.trainers.difftre_core` and differ only in how state points
+are declared.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable, Mapping
+
+import jax.numpy as jnp
+import numpy as np
+
+from ..learn import difftre as dt
+from .difftre_core import _DifftreCore, _Functions
+
+log = logging.getLogger("chemtrain")
+
+
+class DifftreParallel(_DifftreCore):
+    """DiffTRe over a batch of state points that share one potential,
+    simulator and set of observables.
+
+    Args:
+      key: JAX random key; trajectory keys derive from it, the state point
+        and the update count only.
+      init_params: initial parameter pytree.
+      optimizer: an ``optax.GradientTransformation``.
+      energy_fn_template: ``params -> energy_fn(R, neighbor, **kwargs)``.
+      simulator_template: ``energy_fn -> (init, apply)``, a partial of a
+        jax-md simulator.
+      neighbor_fn: jax-md neighbor-list functions.
+      timings: :func:`chemtrain.simulate.process_printouts` of one trajectory.
+      state_kwargs: dict of arrays with one leading entry per state point;
+        ``kT`` required, ``pressure`` for NPT, ``mass``/``box`` as the
+        simulator needs.
+      quantities: ``{name: fn(state, neighbor=, energy_fn=, **state_kwargs)}``.
+      targets: ``{name: {'target': (n_statepoints, ...), 'gamma': w,
+        'loss_fn': optional fn(pred, target)}}``.
+      observables: ``{name: fn(quantity_trajs, weights)}``; a target named
+        like a quantity defaults to its weighted mean.
+      reference_states: initial positions, (n_statepoints, N, dim) or
+        (n_statepoints, chains, N, dim) for several chains per state point.
+      sim_batch_size: state points per update (-1: all); a remainder joins
+        the last batch.
+      parallelism: 'auto' (one process: 'single'; several MPI ranks: 'mpi'),
+        'single' or 'mpi'.
+      reweight_ratio: recompute a trajectory when N_eff < ratio x N.
+      loss_fn: ``fn(predictions, targets) -> loss`` replacing the gamma-
+        weighted sum of per-target losses.
+      step_size_search: scale each update down (1, 1/2, 1/4, ...) until
+        N_eff keeps ``allowed_reduction`` of its value at every state point.
+      overflow_capacity_multiplier, max_neighbor_retries: neighbor-list
+        restart policy (:func:`chemtrain.simulate.run_with_restart`).
+      checkpoint_path: folder of checkpoints and ``<name>_error_state.npz``.
+      log_file: JSON-lines metrics file, one line per epoch.
+      plot_file: where :meth:`train` writes the plot of predictions against
+        targets at its end; ``plot_x`` gives x values of array observables
+        (e.g. ``{'rdf': bin_centers}``).
+      vmap_batch: snapshots evaluated at once in the loss.
+
+    Attributes after training: ``params``, ``opt_state``, ``trajstates``
+    (state point -> list of :class:`chemtrain.simulate.TrajState`, one per
+    chain), ``predictions`` (state point -> latest observables),
+    ``history`` (one record per epoch, as in ``log_file``),
+    ``epoch_losses``, ``update_losses``, ``epoch``, ``update_count``.
+    Quantities that never call the energy function they are given (RDF,
+    ADF, density) are evaluated once per trajectory; the others (pressure,
+    energy) in every update, under the current parameters.
+    """
+
+    trainer_name = "DifftreParallel"
+
+    def __init__(self, key, init_params, optimizer, energy_fn_template: Callable,
+                 simulator_template: Callable, neighbor_fn, timings, state_kwargs: Mapping,
+                 quantities: Mapping, targets: Mapping, observables: Mapping | None = None, *,
+                 reference_states=None, sim_batch_size: int = 1, parallelism: str = "auto",
+                 reweight_ratio: float = 0.9, loss_fn: Callable | None = None,
+                 step_size_search: bool = False, allowed_reduction: float = 0.5,
+                 n_step_candidates: int = 10, overflow_capacity_multiplier: float = 1.5,
+                 max_neighbor_retries: int = 3, checkpoint_path: str = "checkpoints",
+                 log_file: str | None = None, plot_file: str | None = None,
+                 plot_x: Mapping | None = None, progress: bool = True,
+                 consistency_check_every: int | None = None, vmap_batch: int | None = 10,
+                 name: str = "difftre"):
+        n = _check_batch_inputs(state_kwargs, targets, reference_states)
+        dt.resolve_observables(targets, quantities, observables)
+        dt.statepoint_batches(n, sim_batch_size)
+        self._setup(key, init_params, optimizer, sim_batch_size=sim_batch_size,
+                    parallelism=parallelism, reweight_ratio=reweight_ratio,
+                    step_size_search=step_size_search, allowed_reduction=allowed_reduction,
+                    n_step_candidates=n_step_candidates,
+                    overflow_capacity_multiplier=overflow_capacity_multiplier,
+                    max_neighbor_retries=max_neighbor_retries, checkpoint_path=checkpoint_path,
+                    log_file=log_file, plot_file=plot_file, plot_x=plot_x, progress=progress,
+                    consistency_check_every=consistency_check_every, name=name)
+        with self.strategy.failure_guard():
+            specs = {k: {kk: vv for kk, vv in v.items() if kk != "target"}
+                     for k, v in targets.items()}
+            fns = _Functions(energy_fn_template, simulator_template, neighbor_fn, timings,
+                                  quantities, specs, observables, loss_fn, vmap_batch)
+            reference = jnp.asarray(reference_states)
+            for i in range(n):
+                self._add(fns, {k: np.asarray(v)[i] for k, v in state_kwargs.items()},
+                          reference[i], specs, {k: np.asarray(v["target"])[i]
+                                                for k, v in targets.items()},
+                          timings.n_snapshots)
+        if self.strategy.is_root:
+            log.info("DifftreParallel: %d state point(s), %s", n, self.strategy.describe())
+
+
+def _check_batch_inputs(state_kwargs, targets, reference_states) -> int:
+    """Number of state points; every leading axis must agree."""
+    if not isinstance(state_kwargs, Mapping) or "kT" not in state_kwargs:
+        got = (sorted(state_kwargs) if isinstance(state_kwargs, Mapping)
+               else type(state_kwargs).__name__)
+        raise ValueError(f"state_kwargs must be a dict with 'kT' (thermal energy in kJ/mol, one "
+                         f"value per state point, e.g. [chemtrain.units.kT(300.0)]); got {got}.")
+    if reference_states is None:
+        raise ValueError("reference_states (initial positions, one per state point: shape "
+                         "(n_statepoints, N, dim) or (n_statepoints, chains, N, dim)) is required.")
+    axes = {f"state_kwargs[{k!r}]": np.shape(v) for k, v in state_kwargs.items()}
+    axes.update({f"targets[{k!r}]['target']": np.shape(v["target"])
+                 for k, v in targets.items() if isinstance(v, Mapping) and "target" in v})
+    axes["reference_states"] = np.shape(reference_states)
+    kT_shape = np.shape(state_kwargs["kT"])
+    if len(kT_shape) != 1 or kT_shape[0] < 1:
+        raise ValueError(f"state_kwargs['kT'] must have one value per state point (a 1-D array), "
+                         f"got shape {kT_shape}.")
+    n = kT_shape[0]
+    bad = {k: s for k, s in axes.items() if not s or s[0] != n}
+    if bad:
+        listing = ", ".join(f"{k}: {s}" for k, s in bad.items())
+        raise ValueError(f"state_kwargs, targets and reference_states need the same leading "
+                         f"(state-point) axis: kT has {n} state point(s), but {listing}. Give "
+                         f"every entry one row per state point (np.broadcast_to for shared "
+                         f"values).")
+    if len(axes["reference_states"]) not in (3, 4):
+        raise ValueError(f"reference_states must have shape (n_statepoints, N, dim) or "
+                         f"(n_statepoints, chains, N, dim), got {axes['reference_states']}.")
+    return int(n)
+
+
+class Difftre(_DifftreCore):
+    """DiffTRe with state points added one by one (upstream's style), each
+    with its own potential template, simulator, timings and targets.
+
+    ``Difftre(init_params, optimizer, reweight_ratio=0.9, sim_batch_size=1)``
+    then :meth:`add_statepoint` per state point and :meth:`train`. Other
+    options as in :class:`DifftreParallel` (``key`` defaults to
+    ``PRNGKey(0)``).
+    """
+
+    trainer_name = "Difftre"
+
+    def __init__(self, init_params, optimizer, reweight_ratio: float = 0.9,
+                 sim_batch_size: int = 1, energy_fn_template: Callable | None = None, *,
+                 key=None, parallelism: str = "auto", loss_fn: Callable | None = None,
+                 step_size_search: bool = False, allowed_reduction: float = 0.5,
+                 n_step_candidates: int = 10, overflow_capacity_multiplier: float = 1.5,
+                 max_neighbor_retries: int = 3, checkpoint_path: str = "checkpoints",
+                 log_file: str | None = None, plot_file: str | None = None,
+                 plot_x: Mapping | None = None, progress: bool = True,
+                 consistency_check_every: int | None = None, name: str = "difftre"):
+        self.energy_fn_template = energy_fn_template
+        self._default_loss_fn = loss_fn
+        self._setup(key, init_params, optimizer, sim_batch_size=sim_batch_size,
+                    parallelism=parallelism, reweight_ratio=reweight_ratio,
+                    step_size_search=step_size_search, allowed_reduction=allowed_reduction,
+                    n_step_candidates=n_step_candidates,
+                    overflow_capacity_multiplier=overflow_capacity_multiplier,
+                    max_neighbor_retries=max_neighbor_retries, checkpoint_path=checkpoint_path,
+                    log_file=log_file, plot_file=plot_file, plot_x=plot_x, progress=progress,
+                    consistency_check_every=consistency_check_every, name=name)
+
+    def add_statepoint(self, energy_fn_template, simulator_template, neighbor_fn, timings,
+                       state_kwargs, quantities, reference_state, targets=None, observables=None,
+                       loss_fn=None, vmap_batch: int | None = 10, initialize_traj: bool = True):
+        """Add one state point. ``state_kwargs``: dict of this state point's
+        values (``kT`` required) or a number (kT). ``reference_state``:
+        positions (N, dim), several chains (chains, N, dim), or upstream's
+        ``(simulator_state, nbrs)``. ``targets``: ``{name: {'target': array,
+        'gamma': w}}``. With ``initialize_traj`` its first trajectory is
+        sampled now (else call :meth:`initialize_trajstates`). Each state
+        point added here compiles its own functions; state points that share
+        everything but ``state_kwargs`` and targets are cheaper as one
+        :class:`DifftreParallel`. Returns the state point's index."""
+        if isinstance(state_kwargs, (int, float, np.floating)):
+            state_kwargs = {"kT": float(state_kwargs)}
+        if not isinstance(state_kwargs, Mapping):
+            raise TypeError(f"state_kwargs must be a dict (with 'kT') or the number kT, got "
+                            f"{type(state_kwargs).__name__}.")
+        if isinstance(reference_state, tuple) and hasattr(reference_state[0], "position"):
+            reference_state = reference_state[0].position
+        targets = targets or {}
+        dt.resolve_observables(targets, quantities, observables)
+        specs = {k: {kk: vv for kk, vv in v.items() if kk != "target"} for k, v in targets.items()}
+        energy_fn_template = energy_fn_template or self.energy_fn_template
+        if energy_fn_template is None:
+            raise ValueError("add_statepoint needs an energy_fn_template (or give one to Difftre).")
+        fns = _Functions(energy_fn_template, simulator_template, neighbor_fn, timings, quantities,
+                         specs, observables, loss_fn or self._default_loss_fn, vmap_batch)
+        first = self.statepoints[0] if self.statepoints else None
+        if first is not None and sorted(first.targets) != sorted(specs):
+            raise ValueError(f"Every state point needs the same target names; the first has "
+                             f"{sorted(first.targets)}, this one {sorted(specs)}.")
+        sp = self._add(fns, state_kwargs, reference_state, specs,
+                       {k: v["target"] for k, v in targets.items()}, timings.n_snapshots)
+        if initialize_traj:
+            self.initialize_trajstates(1, statepoints=[sp.index])
+        return sp.index

@@ -1,0 +1,116 @@
+"""Files of the DiffTRe trainers: trajectory states as plain data, and the
+plot of predicted against target observables.
+
+A trajectory state holds jax-md dataclasses whose static fields (the
+neighbor list's capacity, its update function) are not data. The arrays are
+saved with the capacities next to them; loading rebuilds the structure from
+the trainer's own functions (an initial state at the reference positions
+with the saved capacity, traced through the trajectory function without
+running it) and checks every saved leaf against it. No pickle anywhere.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import checkpoint as ckpt
+
+
+def trajstates_to_host(trajstates: dict) -> tuple[dict, dict]:
+    """(numpy pytree, JSON-able info) of ``{state point: [TrajState per chain]}``."""
+    data, info = {}, {}
+    for i in sorted(trajstates):
+        data[f"{i:05d}"] = [jax.tree.map(np.asarray, t) for t in trajstates[i]]
+        info[f"{i:05d}"] = [{"max_occupancy": int(t.nbrs.max_occupancy),
+                             "cell_list_capacity": None if t.nbrs.cell_list_capacity is None
+                             else int(t.nbrs.cell_list_capacity)} for t in trajstates[i]]
+    return data, info
+
+
+def read(path: str, trainer_name: str):
+    """(meta, leaves of the 'trajstates' tree) of a trajectory-state file or
+    a checkpoint; refuses error states and other trainers' files."""
+    meta, leaves = ckpt.load(os.fspath(path))
+    if meta.get("kind") not in ("checkpoint", "trajstates"):
+        raise ckpt.CheckpointError(f"{path!r} is an {meta.get('kind')} written after a failure "
+                                   f"({meta.get('error')}); it is for diagnosis, not for resuming.")
+    if meta.get("trainer", trainer_name) != trainer_name:
+        raise ckpt.CheckpointError(f"{path!r} was written by {meta['trainer']}, not "
+                                   f"{trainer_name}.")
+    if "trajstates" not in leaves:
+        raise ckpt.CheckpointError(f"{path!r} holds no trajectory states.")
+    return meta, leaves["trajstates"]
+
+
+def _template(sp, params, chain: int, info: dict, cache: dict):
+    """Zero arrays shaped like a saved TrajState of state point ``sp``
+    (state points that share their functions and shapes share one)."""
+    key = jax.random.PRNGKey(0)
+    tag = (id(sp.run_fn), tuple(sp.reference.shape[1:]), int(info["max_occupancy"]),
+           info["cell_list_capacity"])
+    if tag in cache:
+        return cache[tag]
+    t0 = sp.init_fn(params, key, sp.reference[chain], **sp.state_kwargs)
+    cap = int(info["max_occupancy"])
+    nbrs = dataclasses.replace(t0.nbrs, max_occupancy=cap,
+                               cell_list_capacity=info["cell_list_capacity"],
+                               idx=jnp.zeros(t0.nbrs.idx.shape[:-1] + (cap,), t0.nbrs.idx.dtype))
+    shapes = jax.eval_shape(lambda p, t: sp.run_fn(p, t, key, **sp.state_kwargs), params,
+                            t0._replace(nbrs=nbrs))
+    cache[tag] = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+    return cache[tag]
+
+
+def trajstates_from_host(trainer, meta: dict, leaves, mine, path) -> dict:
+    """``{state point: [TrajState]}`` for the state points ``mine`` from the
+    saved ``leaves`` (see :func:`read`), checked leaf by leaf."""
+    info = meta.get("trajstates") or {}
+    saved = sorted(int(k) for k in info)
+    absent = [i for i in mine if i not in saved]
+    if absent or any(i >= trainer.n_statepoints for i in saved):
+        raise ckpt.CheckpointError(
+            f"{path!r} holds trajectories of state point(s) {saved}; this trainer has "
+            f"{trainer.n_statepoints} state point(s) and needs {list(mine)}.")
+    params, cache = trainer.params, {}
+    template = {f"{i:05d}": [_template(trainer.statepoints[i], params, c, ci, cache)
+                             for c, ci in enumerate(info[f"{i:05d}"])] for i in saved}
+    for i in saved:
+        if len(info[f"{i:05d}"]) != trainer.statepoints[i].reference.shape[0]:
+            raise ckpt.CheckpointError(
+                f"{path!r} has {len(info[f'{i:05d}'])} chain(s) for state point {i}, this trainer "
+                f"{trainer.statepoints[i].reference.shape[0]}.")
+    host = ckpt.unflatten_like(template, leaves, meta["trees"]["trajstates"], "trajstates")
+    return {i: [jax.tree.map(jnp.asarray, t) for t in host[f"{i:05d}"]] for i in mine}
+
+
+def plot(trainer, path: str) -> None:
+    """Latest predictions against targets: one row per state point, one
+    panel per target (a curve for arrays, two bars for scalars)."""
+    from matplotlib.figure import Figure
+    if not trainer.predictions:
+        raise RuntimeError("Nothing to plot yet: train first.")
+    rows = sorted(trainer.predictions)
+    names = list(trainer.statepoints[rows[0]].targets)
+    fig = Figure(figsize=(4.0 * len(names), 2.8 * len(rows)), constrained_layout=True)
+    axes = np.asarray(fig.subplots(len(rows), len(names), squeeze=False))
+    for r, i in enumerate(rows):
+        sp = trainer.statepoints[i]
+        for c, name in enumerate(names):
+            ax, pred = axes[r, c], np.asarray(trainer.predictions[i][name])
+            target = np.asarray(sp.target_values[name])
+            if pred.size > 1:
+                x = np.asarray(trainer.plot_x.get(name, np.arange(pred.size)))
+                ax.plot(x, target.ravel(), "k--", label="target")
+                ax.plot(x, pred.ravel(), "C0-", label="predicted")
+                ax.legend(fontsize=7)
+            else:
+                ax.bar([0, 1], [float(target), float(pred)], color=["0.5", "C0"])
+                ax.set_xticks([0, 1], ["target", "predicted"])
+            kT = float(np.ravel(np.asarray(sp.state_kwargs["kT"]))[0])
+            ax.set_title(f"state point {sp.name} (kT={kT:.3g}): {name}", fontsize=8)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)

@@ -1,0 +1,343 @@
+"""DiffTRe training end to end (real jax-md simulations, no mocks).
+
+- Lennard-Jones sigma from the RDF (two seeds), sigma and epsilon from RDF
+  plus pressure: 128 argon-like particles; the targets come from 300
+  snapshots of our own simulation at the true parameters (one module-scoped
+  fixture), and the learned potential's pressure from a fresh run of the
+  same length.
+- Two particles with a harmonic bond against the analytic RDF (upstream
+  chemtrain's test settings).
+- Resume (checkpoint + trajectory states) gives the uninterrupted result
+  bitwise; failures write an error state that restore refuses; bad inputs
+  are clear errors.
+"""
+import functools
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax_md import partition, simulate, space
+
+from chemtrain import quantity
+from chemtrain.checkpoint import CheckpointError
+from chemtrain.models.pair import harmonic_bond_template, lennard_jones_template
+from chemtrain.simulate import (NeighborListOverflowError, make_trajectory, process_printouts,
+                                run_with_restart)
+from chemtrain.trainers.difftre import Difftre, DifftreParallel
+from chemtrain.trainers.services import TrainingError
+from chemtrain.units import kT as thermal_energy
+
+N, DENSITY, SIGMA, EPSILON, MASS, R_CUT = 128, 21.0, 0.34, 0.99, 39.95, 0.9
+BOX = (N / DENSITY) ** (1 / 3)
+KT = thermal_energy(120.0)
+DT = 0.01
+RDF = quantity.rdf_discretization(0.85, 130, 0.2)
+
+
+def lattice():
+    per = int(np.ceil(N ** (1 / 3)))
+    grid = np.stack(np.meshgrid(*[np.arange(per)] * 3, indexing="ij"), -1).reshape(-1, 3)[:N]
+    return (grid + 0.5) * BOX / per
+
+
+def lj_template(displacement, fixed_epsilon=None):
+    """LJ in log parameters; with ``fixed_epsilon`` only log sigma is trained."""
+    base = lennard_jones_template(displacement, R_CUT)
+
+    def template(p):
+        eps = fixed_epsilon if fixed_epsilon is not None else jnp.exp(p["log_epsilon"])
+        return base({"sigma": jnp.exp(p["log_sigma"]), "epsilon": eps})
+    return template
+
+
+@pytest.fixture(scope="module")
+def lj():
+    return make_lj()
+
+
+def make_lj():
+    """The LJ system and its targets: RDF and pressure averaged over 300
+    snapshots (0.2 ps apart) of our own Langevin run at the true parameters.
+    ``measure(sigma, epsilon)`` runs the same simulation (same compiled
+    function) for other parameters and returns its mean RDF and pressure."""
+    displacement, shift = space.periodic(BOX)
+    neighbor_fn = partition.neighbor_list(displacement, BOX, R_CUT, dr_threshold=0.05,
+                                          capacity_multiplier=1.5,
+                                          format=partition.NeighborListFormat.Sparse)
+    simulator = functools.partial(simulate.nvt_langevin, shift_fn=shift, dt=DT, kT=KT, gamma=5.0)
+    template = lennard_jones_template(displacement, R_CUT)
+    init, run = make_trajectory(simulator, template, neighbor_fn, process_printouts(DT, 65.0, 5.0, 0.2))
+    kw = {"kT": KT, "mass": MASS}
+    quantities = {"rdf": quantity.rdf(displacement, RDF, box=BOX), "pressure": quantity.pressure(box=BOX)}
+
+    @jax.jit
+    def per_snapshot(params, snapshots, nbrs):  # plain vmap, independent of chemtrain.learn
+        def one(s):
+            nb = nbrs.update(s.position)
+            return ({k: f(s, neighbor=nb, energy_fn=template(params), **kw)
+                     for k, f in quantities.items()}, nb.did_buffer_overflow)
+        return jax.vmap(one)(snapshots)
+
+    def measure(sigma, epsilon, seed=100, start=None):
+        params = {"sigma": jnp.asarray(sigma), "epsilon": jnp.asarray(epsilon)}
+        key = jax.random.PRNGKey(seed)
+        ts = run_with_restart(run, neighbor_fn, params,
+                              init(params, key, lattice() if start is None else start, **kw),
+                              jax.random.fold_in(key, 1), **kw)
+        assert ts.snapshots.position.shape[0] == 300
+        q, overflow = per_snapshot(params, ts.snapshots, ts.nbrs)
+        assert not np.any(overflow)
+        return (np.asarray(q["rdf"]).mean(0), float(np.asarray(q["pressure"]).mean()),
+                np.asarray(ts.sim_state.position))
+
+    rdf, pressure, R0 = measure(SIGMA, EPSILON)
+    return dict(displacement=displacement, neighbor_fn=neighbor_fn, simulator=simulator,
+                quantities=quantities, rdf=rdf, pressure=pressure, R0=R0, measure=measure)
+
+
+def lj_trainer(lj, params, targets, seed, timings=None, **kwargs):
+    fixed = EPSILON if "log_epsilon" not in params else None
+    return DifftreParallel(
+        jax.random.PRNGKey(seed), params, optax.rmsprop(kwargs.pop("lr", 0.01), decay=0.9),
+        lj_template(lj["displacement"], fixed), lj["simulator"], lj["neighbor_fn"],
+        timings or process_printouts(DT, 11.0, 1.0, 0.1),   # 100 snapshots, 1100 steps
+        {"kT": np.array([KT]), "mass": np.array([MASS])}, lj["quantities"],
+        {k: dict(v, target=np.asarray(v["target"])[None]) for k, v in targets.items()},
+        reference_states=lj["R0"][None], reweight_ratio=0.9, progress=False,
+        plot_x={"rdf": np.asarray(RDF.bin_centers)}, **kwargs)
+
+
+def check_recompute_rule(trainer):
+    """A trajectory was recomputed exactly when N_eff < 0.9 N at the start of
+    the update."""
+    records = [r for e in trainer.history for r in e["statepoints"]]
+    for r in records:
+        assert r["recomputed"] == (r["n_eff"] < 0.9 * r["n_snapshots"]), r
+    return records
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_lj_sigma_from_rdf(lj, seed, tmp_path):
+    trainer = lj_trainer(lj, {"log_sigma": jnp.log(0.9 * SIGMA)},
+                         {"rdf": {"target": lj["rdf"], "gamma": 1.0}}, seed,
+                         checkpoint_path=str(tmp_path), log_file=str(tmp_path / "m.jsonl"),
+                         plot_file=str(tmp_path / "rdf.png"))
+    trainer.initialize_trajstates()
+    trainer.train(40)
+    sigma = float(jnp.exp(trainer.params["log_sigma"]))
+    records = check_recompute_rule(trainer)
+    assert abs(sigma / SIGMA - 1) < 0.02, sigma
+    mse = np.mean((np.asarray(trainer.predictions[0]["rdf"]) - lj["rdf"]) ** 2)
+    assert mse < 1e-3, mse
+    assert sum(not r["recomputed"] for r in records) >= 5
+    lines = [json.loads(line) for line in open(tmp_path / "m.jsonl")]
+    assert len(lines) == 40 and lines[-1]["statepoints"][0]["predictions"]["rdf"]
+    assert os.path.getsize(tmp_path / "rdf.png") > 1000
+
+
+def test_lj_sigma_and_epsilon_from_rdf_and_pressure(lj, tmp_path):
+    # pressure noise (about 2 kJ/mol/nm^3 for 100 snapshots) must not drown the
+    # RDF, which pins sigma; a decaying RMSprop step damps that noise
+    trainer = lj_trainer(lj, {"log_sigma": jnp.log(0.9 * SIGMA), "log_epsilon": jnp.log(1.2 * EPSILON)},
+                         {"rdf": {"target": lj["rdf"], "gamma": 1.0},
+                          "pressure": {"target": lj["pressure"], "gamma": 1e-4}}, 2,
+                         lr=optax.exponential_decay(0.02, 40, 0.1), checkpoint_path=str(tmp_path))
+    trainer.initialize_trajstates()
+    trainer.train(40)
+    sigma = float(jnp.exp(trainer.params["log_sigma"]))
+    epsilon = float(jnp.exp(trainer.params["log_epsilon"]))
+    check_recompute_rule(trainer)
+    assert abs(sigma / SIGMA - 1) < 0.02, sigma
+    assert abs(epsilon / EPSILON - 1) < 0.10, epsilon
+    # the learned potential's pressure from a fresh 300-snapshot run, as for the
+    # target (one 100-snapshot trajectory scatters by several kJ/mol/nm^3)
+    _, pressure, _ = lj["measure"](sigma, epsilon, seed=7, start=lj["R0"])
+    assert abs(pressure - lj["pressure"]) < 6.0, (pressure, lj["pressure"])
+
+
+# -- two particles with a harmonic bond (upstream chemtrain's test) --------------
+def analytic_rdf(r, r_0=0.35, b=250.0, kT=2.56, box=1.0):
+    b = b / kT
+    norm = np.sqrt(np.pi / (2 * b)) * (1 + b * r_0 ** 2) / b
+    return box ** 3 / (16 * np.pi) * np.exp(-0.5 * b * (r - r_0) ** 2) / norm
+
+
+def test_harmonic_bond_from_analytic_rdf(tmp_path):
+    box = 1.0
+    displacement, shift = space.periodic_general(box)
+    base = harmonic_bond_template(displacement, [[0, 1]])
+    template = lambda p: base({"k": 100 * p["scaled_b"], "r0": p["r_0"]})  # noqa: E731
+    rdf_params = quantity.rdf_discretization(1.0, 50, 0.0)
+    r = np.asarray(rdf_params.bin_centers)
+    optimizer = optax.chain(optax.scale_by_rms(0.9),
+                            optax.scale_by_schedule(optax.exponential_decay(-0.05, 300, 0.1)))
+    trainer = Difftre({"r_0": jnp.asarray(0.3), "scaled_b": jnp.asarray(1.5)}, optimizer,
+                      reweight_ratio=0.99, progress=False, checkpoint_path=str(tmp_path))
+    trainer.add_statepoint(
+        template, functools.partial(simulate.nvt_langevin, shift_fn=shift, dt=0.01, kT=2.56, gamma=0.5),
+        partition.neighbor_list(displacement, box, 0.9, format=partition.NeighborListFormat.Dense),
+        process_printouts(0.01, 1100.0, 100.0, 1.0), {"kT": 2.56, "mass": 10.0},
+        {"rdf": quantity.rdf(displacement, rdf_params, box=box)},
+        jnp.asarray([[0.0, 0.0, 0.0], [0.11, 0.09, 0.12]]),
+        targets={"rdf": {"target": analytic_rdf(r), "gamma": 1.0}})
+    trainer.train(300)
+    errors = [np.mean((np.asarray(e["statepoints"][0]["predictions"]["rdf"]) - analytic_rdf(r)) ** 2)
+              for e in trainer.history[-10:]]
+    assert np.mean(errors) < 2e-3, errors
+
+
+# -- resume, failures and bad input on a cheap system: two bonded particles ---------
+def bonded_pair(**kwargs):
+    """DifftreParallel on two bonded particles at three temperatures."""
+    box = 1.0
+    displacement, shift = space.periodic_general(box)
+    base = harmonic_bond_template(displacement, [[0, 1]])
+    template = lambda p: base({"k": 100 * p["scaled_b"], "r0": p["r_0"]})  # noqa: E731
+    rdf_params = quantity.rdf_discretization(1.0, 50, 0.0)
+    r = np.asarray(rdf_params.bin_centers)
+    kTs = np.array([2.56, 3.0, 3.5])
+    args = dict(
+        key=jax.random.PRNGKey(3), init_params={"r_0": jnp.asarray(0.3), "scaled_b": jnp.asarray(1.5)},
+        optimizer=optax.rmsprop(0.01), energy_fn_template=template,
+        simulator_template=functools.partial(simulate.nvt_langevin, shift_fn=shift, dt=0.01,
+                                             kT=2.56, gamma=0.5),
+        neighbor_fn=partition.neighbor_list(displacement, box, 0.9,
+                                            format=partition.NeighborListFormat.Dense),
+        timings=process_printouts(0.01, 21.0, 1.0, 0.2),
+        state_kwargs={"kT": kTs, "mass": np.full(3, 10.0)},
+        quantities={"rdf": quantity.rdf(displacement, rdf_params, box=box),
+                    "energy": quantity.potential_energy()},
+        targets={"rdf": {"target": np.stack([analytic_rdf(r, kT=k) for k in kTs]), "gamma": 1.0},
+                 "energy": {"target": 0.5 * kTs, "gamma": 0.1}},
+        reference_states=np.broadcast_to(np.array([[0.0, 0.0, 0.0], [0.11, 0.09, 0.12]]), (3, 2, 3)),
+        sim_batch_size=1, reweight_ratio=0.99, progress=False)
+    args.update(kwargs)
+    return DifftreParallel(**args)
+
+
+def test_resume_continues_exactly(tmp_path):
+    """Also with the step-size search on (N_eff must keep 97 % of its value)."""
+    search = dict(step_size_search=True, allowed_reduction=0.97, optimizer=optax.rmsprop(0.03))
+    a = bonded_pair(checkpoint_path=str(tmp_path / "a"), **search)
+    a.initialize_trajstates(num_runs=2)
+    a.train(2)
+    a.save_checkpoint(str(tmp_path / "k.npz"))
+    a.save_trajstates(str(tmp_path / "traj.npz"))
+    a.train(2)
+    b = bonded_pair(checkpoint_path=str(tmp_path / "b"), **search)
+    b.restore(str(tmp_path / "k.npz"), trajstates=False)
+    b.load_trajstates(str(tmp_path / "traj.npz"))
+    b.train(2)
+    assert a.epoch == b.epoch == 4 and a.update_count == b.update_count == 12
+    for k in a.params:
+        assert np.array_equal(np.asarray(a.params[k]), np.asarray(b.params[k])), k
+    untimed = lambda h: [{k: v for k, v in e.items() if k != "time_s"} for e in h]  # noqa: E731
+    assert untimed(a.history) == untimed(b.history)
+    # both paths were exercised after the checkpoint
+    later = [r["recomputed"] for e in a.history[2:] for r in e["statepoints"]]
+    assert any(later) and not all(later)
+    steps = [x for e in a.history for x in e["step_sizes"]]
+    assert min(steps) < 1.0 and max(steps) == 1.0, steps
+    # restore() alone also brings the checkpoint's trajectories
+    c = bonded_pair(checkpoint_path=str(tmp_path / "c"), **search)
+    c.restore(str(tmp_path / "k.npz"))
+    c.train(2)
+    assert all(np.array_equal(np.asarray(a.params[k]), np.asarray(c.params[k])) for k in a.params)
+
+
+def test_non_finite_loss_writes_error_state(tmp_path):
+    targets = {"rdf": {"target": np.ones((3, 50)), "gamma": 1.0},
+               "energy": {"target": np.array([1.0, np.nan, 1.0]), "gamma": 0.1}}
+    trainer = bonded_pair(checkpoint_path=str(tmp_path), name="pair", targets=targets)
+    trainer.initialize_trajstates()
+    with pytest.raises(TrainingError, match="loss is nan .*state point\\(s\\) \\[1\\]"):
+        trainer.train(1)
+    # update 0 (state point 0) was applied, update 1 (state point 1) was not
+    assert trainer.update_count == 1 and len(trainer.update_losses) == 1
+    good = {k: np.asarray(v) for k, v in trainer.params.items()}
+    meta_params = np.load(tmp_path / "pair_error_state.npz")
+    saved = [meta_params[k] for k in meta_params.files if k.startswith("params/")]
+    assert sorted(float(x) for x in saved) == sorted(float(v) for v in good.values())
+    path = tmp_path / "pair_error_state.npz"
+    assert path.exists()
+    fresh = bonded_pair(checkpoint_path=str(tmp_path / "x"), name="pair")
+    with pytest.raises(CheckpointError, match="error_state"):
+        fresh.restore(str(path))
+
+
+def test_failed_simulation_stops_with_last_good_state(tmp_path):
+    """A potential whose forces turn NaN beyond a parameter value (a stand-in
+    for an unstable model): after a huge first step the loss on the stored
+    snapshots is still finite, the recomputed trajectory is not; nothing is
+    applied and the error state is written."""
+    box = 1.0
+    displacement, _ = space.periodic_general(box)
+    base = harmonic_bond_template(displacement, [[0, 1]])
+
+    def template(p):
+        def energy_fn(R, neighbor=None, **kwargs):
+            broken = p["scaled_b"] > 50.0
+            x = jnp.where(broken, jnp.sum((R - R) ** 2), 1.0)  # sqrt(x): value 0, gradient NaN
+            return (base({"k": 100 * p["scaled_b"], "r0": p["r_0"]})(R, neighbor, **kwargs)
+                    + jnp.where(broken, jnp.sqrt(x), 0.0))
+        return energy_fn
+
+    trainer = bonded_pair(checkpoint_path=str(tmp_path), optimizer=optax.sgd(-1e4),
+                          sim_batch_size=-1, energy_fn_template=template)
+    trainer.initialize_trajstates()
+    trainer.train(1)
+    good = {k: np.asarray(v) for k, v in trainer.params.items()}
+    assert good["scaled_b"] > 50
+    with pytest.raises(TrainingError, match="SimulationError.*state point 0"):
+        trainer.train(1)
+    assert all(np.array_equal(good[k], np.asarray(trainer.params[k])) for k in good)
+    assert trainer.update_count == 1
+    assert (tmp_path / "difftre_error_state.npz").exists()
+
+
+def test_neighbor_overflow_without_retries_names_the_state_point(lj):
+    tight = partition.neighbor_list(lj["displacement"], BOX, R_CUT, dr_threshold=0.05,
+                                    capacity_multiplier=1.0, format=partition.NeighborListFormat.Sparse)
+    trainer = DifftreParallel(
+        jax.random.PRNGKey(0), {"log_sigma": jnp.log(SIGMA)}, optax.rmsprop(0.01),
+        lj_template(lj["displacement"], EPSILON), lj["simulator"], tight,
+        process_printouts(DT, 1.0, 0.5, 0.1), {"kT": np.array([KT]), "mass": np.array([MASS])},
+        lj["quantities"], {"rdf": {"target": lj["rdf"][None]}},
+        reference_states=lattice()[None], max_neighbor_retries=0, progress=False)
+    before = np.asarray(trainer.params["log_sigma"])
+    with pytest.raises(NeighborListOverflowError, match="state point 0.*max_neighbor_retries=0"):
+        trainer.initialize_trajstates()
+    assert np.array_equal(before, np.asarray(trainer.params["log_sigma"]))
+
+
+def test_bad_input_is_a_clear_error():
+    with pytest.raises(ValueError, match="'kT'"):
+        bonded_pair(state_kwargs={"mass": np.full(3, 10.0)})
+    with pytest.raises(ValueError, match="same leading.*targets\\['rdf'\\]\\['target'\\]: \\(2, 50\\)"):
+        bonded_pair(targets={"rdf": {"target": np.ones((2, 50))}})
+    with pytest.raises(ValueError, match="reference_states: \\(2, 2, 3\\)"):
+        bonded_pair(reference_states=np.zeros((2, 2, 3)))
+    with pytest.raises(ValueError, match="Target 'density' has no observable"):
+        bonded_pair(targets={"density": {"target": np.ones(3)}})
+    with pytest.raises(ValueError, match="sim_batch_size=4 is larger"):
+        bonded_pair(sim_batch_size=4)
+    with pytest.raises(ValueError, match="not shorter than the total time"):
+        process_printouts(0.01, 1.0, 2.0, 0.1)
+    with pytest.raises(ValueError, match="parallelism|JAX sharding"):
+        bonded_pair(parallelism="jax")
+    pair = bonded_pair(sim_batch_size=2)
+    assert pair.batches() == [[0, 1, 2]]
+    assert bonded_pair(sim_batch_size=-1).batches() == [[0, 1, 2]]
+    assert pair.strategy.name == "single"  # 'auto' in one process, 4 CPU devices visible
+    with pytest.raises(RuntimeError, match="initialize_trajstates"):
+        pair.train(1)
+    trainer = Difftre(pair.params, optax.sgd(0.1), progress=False)
+    with pytest.raises(ValueError, match="'kT'"):
+        trainer.add_statepoint(pair.statepoints[0].fns._loss_args[0], None, None,
+                               process_printouts(0.01, 1.0, 0.0, 0.1), {"mass": 1.0},
+                               {"e": quantity.potential_energy()}, np.zeros((2, 3)),
+                               targets={"e": {"target": 0.0}}, initialize_traj=False)
