@@ -30,6 +30,7 @@ from chemtrain.simulate import (NeighborListOverflowError, make_trajectory, proc
 from chemtrain.trainers.difftre import Difftre, DifftreParallel
 from chemtrain.trainers.services import TrainingError
 from chemtrain.units import kT as thermal_energy
+from difftre_systems import analytic_rdf, bonded_pair
 
 N, DENSITY, SIGMA, EPSILON, MASS, R_CUT = 128, 21.0, 0.34, 0.99, 39.95, 0.9
 BOX = (N / DENSITY) ** (1 / 3)
@@ -160,12 +161,6 @@ def test_lj_sigma_and_epsilon_from_rdf_and_pressure(lj, tmp_path):
 
 
 # -- two particles with a harmonic bond (upstream chemtrain's test) --------------
-def analytic_rdf(r, r_0=0.35, b=250.0, kT=2.56, box=1.0):
-    b = b / kT
-    norm = np.sqrt(np.pi / (2 * b)) * (1 + b * r_0 ** 2) / b
-    return box ** 3 / (16 * np.pi) * np.exp(-0.5 * b * (r - r_0) ** 2) / norm
-
-
 def test_harmonic_bond_from_analytic_rdf(tmp_path):
     box = 1.0
     displacement, shift = space.periodic_general(box)
@@ -191,34 +186,6 @@ def test_harmonic_bond_from_analytic_rdf(tmp_path):
 
 
 # -- resume, failures and bad input on a cheap system: two bonded particles ---------
-def bonded_pair(**kwargs):
-    """DifftreParallel on two bonded particles at three temperatures."""
-    box = 1.0
-    displacement, shift = space.periodic_general(box)
-    base = harmonic_bond_template(displacement, [[0, 1]])
-    template = lambda p: base({"k": 100 * p["scaled_b"], "r0": p["r_0"]})  # noqa: E731
-    rdf_params = quantity.rdf_discretization(1.0, 50, 0.0)
-    r = np.asarray(rdf_params.bin_centers)
-    kTs = np.array([2.56, 3.0, 3.5])
-    args = dict(
-        key=jax.random.PRNGKey(3), init_params={"r_0": jnp.asarray(0.3), "scaled_b": jnp.asarray(1.5)},
-        optimizer=optax.rmsprop(0.01), energy_fn_template=template,
-        simulator_template=functools.partial(simulate.nvt_langevin, shift_fn=shift, dt=0.01,
-                                             kT=2.56, gamma=0.5),
-        neighbor_fn=partition.neighbor_list(displacement, box, 0.9,
-                                            format=partition.NeighborListFormat.Dense),
-        timings=process_printouts(0.01, 21.0, 1.0, 0.2),
-        state_kwargs={"kT": kTs, "mass": np.full(3, 10.0)},
-        quantities={"rdf": quantity.rdf(displacement, rdf_params, box=box),
-                    "energy": quantity.potential_energy()},
-        targets={"rdf": {"target": np.stack([analytic_rdf(r, kT=k) for k in kTs]), "gamma": 1.0},
-                 "energy": {"target": 0.5 * kTs, "gamma": 0.1}},
-        reference_states=np.broadcast_to(np.array([[0.0, 0.0, 0.0], [0.11, 0.09, 0.12]]), (3, 2, 3)),
-        sim_batch_size=1, reweight_ratio=0.99, progress=False)
-    args.update(kwargs)
-    return DifftreParallel(**args)
-
-
 def test_resume_continues_exactly(tmp_path):
     """Also with the step-size search on (N_eff must keep 97 % of its value)."""
     search = dict(step_size_search=True, allowed_reduction=0.97, optimizer=optax.rmsprop(0.03))
@@ -235,7 +202,7 @@ def test_resume_continues_exactly(tmp_path):
     assert a.epoch == b.epoch == 4 and a.update_count == b.update_count == 12
     for k in a.params:
         assert np.array_equal(np.asarray(a.params[k]), np.asarray(b.params[k])), k
-    untimed = lambda h: [{k: v for k, v in e.items() if k != "time_s"} for e in h]  # noqa: E731
+    untimed = lambda h: [{k: v for k, v in e.items() if k not in ("time_s", "comm_s")} for e in h]  # noqa: E731
     assert untimed(a.history) == untimed(b.history)
     # both paths were exercised after the checkpoint
     later = [r["recomputed"] for e in a.history[2:] for r in e["statepoints"]]

@@ -126,10 +126,11 @@ class MpiStrategy(Strategy):
         if self.n_shards == 1:
             return tree
         def reduce(x):
+            shape = np.shape(x)  # ascontiguousarray makes 0-d arrays 1-d
             x = np.ascontiguousarray(x)
             out = np.empty_like(x)
             self.comm.Allreduce(x, out, op=self._MPI.SUM)
-            return out
+            return out.reshape(shape)
         return jax.tree.map(reduce, tree)
 
     def host_allgather_object(self, obj):

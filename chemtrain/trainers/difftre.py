@@ -14,6 +14,7 @@ import numpy as np
 
 from ..learn import difftre as dt
 from .difftre_core import _DifftreCore, _Functions
+from .services import collective
 
 log = logging.getLogger("chemtrain")
 
@@ -43,9 +44,13 @@ class DifftreParallel(_DifftreCore):
       reference_states: initial positions, (n_statepoints, N, dim) or
         (n_statepoints, chains, N, dim) for several chains per state point.
       sim_batch_size: state points per update (-1: all); a remainder joins
-        the last batch.
+        the last batch. Under MPI each update's state points are split over
+        the ranks (at least one each); gradients are summed over ranks and
+        divided by the update's number of state points.
       parallelism: 'auto' (one process: 'single'; several MPI ranks: 'mpi'),
-        'single' or 'mpi'.
+        'single' or 'mpi' (one rank per device; every rank constructs the
+        trainer with the same data and calls the same methods in the same
+        order; recomputed trajectories are sent to every rank).
       reweight_ratio: recompute a trajectory when N_eff < ratio x N.
       loss_fn: ``fn(predictions, targets) -> loss`` replacing the gamma-
         weighted sum of per-target losses.
@@ -106,6 +111,8 @@ class DifftreParallel(_DifftreCore):
                           reference[i], specs, {k: np.asarray(v["target"])[i]
                                                 for k, v in targets.items()},
                           timings.n_snapshots)
+            self._check_statepoints("construction")
+            self.batches()  # enough state points for the ranks
         if self.strategy.is_root:
             log.info("DifftreParallel: %d state point(s), %s", n, self.strategy.describe())
 
@@ -174,6 +181,7 @@ class Difftre(_DifftreCore):
                     log_file=log_file, plot_file=plot_file, plot_x=plot_x, progress=progress,
                     consistency_check_every=consistency_check_every, name=name)
 
+    @collective
     def add_statepoint(self, energy_fn_template, simulator_template, neighbor_fn, timings,
                        state_kwargs, quantities, reference_state, targets=None, observables=None,
                        loss_fn=None, vmap_batch: int | None = 10, initialize_traj: bool = True):
@@ -207,6 +215,7 @@ class Difftre(_DifftreCore):
                              f"{sorted(first.targets)}, this one {sorted(specs)}.")
         sp = self._add(fns, state_kwargs, reference_state, specs,
                        {k: v["target"] for k, v in targets.items()}, timings.n_snapshots)
+        self._check_statepoints(f"add_statepoint of state point {sp.index}")
         if initialize_traj:
             self.initialize_trajstates(1, statepoints=[sp.index])
         return sp.index

@@ -5,7 +5,8 @@ process computes (``strategy.local_items``): reuse or recompute its
 trajectory, the loss and gradient by reweighting -> gradients summed over
 processes (``strategy.host_sum``) and divided by the batch size -> one optax
 update, optionally scaled down so N_eff keeps ``allowed_reduction`` of its
-value. The numbers come from :mod:`chemtrain.learn.difftre`, trajectories
+value -> the recomputed trajectories sent to every process, so each holds
+all of them (parameters, optimizer state and trajectories are replicated). The numbers come from :mod:`chemtrain.learn.difftre`, trajectories
 from :mod:`chemtrain.simulate.trajectory`, reports, checkpoints and failures
 from :mod:`chemtrain.trainers.services`; the loop never asks which parallel
 method runs. Random keys derive from the state point and the update count
@@ -16,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +25,7 @@ import numpy as np
 import optax
 
 from ..learn import difftre as dt
-from ..parallel import agree, make_strategy, on_root
+from ..parallel import agree, make_strategy, on_root, raised_everywhere
 from ..simulate.trajectory import (NeighborListOverflowError, SimulationError, make_trajectory,
                                    run_with_restart)
 from . import difftre_io
@@ -117,6 +119,12 @@ class _DifftreCore:
                             f"{type(optimizer).__name__}.")
         dt.statepoint_batches(max(1, sim_batch_size), sim_batch_size)  # type/range check
         self.strategy = make_strategy(parallelism, allow_jax=False, trainer=self.trainer_name)
+        ranks = self.strategy.process_count
+        if sim_batch_size != -1 and sim_batch_size < ranks:
+            raise ValueError(f"sim_batch_size={sim_batch_size} is smaller than the number of MPI "
+                             f"ranks ({ranks}): each update splits its state points over the "
+                             f"ranks, so some would have none. Use sim_batch_size >= {ranks}, "
+                             f"-1 (all state points in one update), or fewer ranks.")
         key = jax.random.PRNGKey(0) if key is None else key
         if jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
             key = jax.random.key_data(key)  # raw key data: plain numbers in saved states
@@ -148,6 +156,9 @@ class _DifftreCore:
         self.history, self.epoch_losses, self.update_losses = [], [], []
         self.predictions: dict[int, dict] = {}
         self._fixed_cache: dict[int, tuple] = {}  # state point -> (trajs, values, overflows)
+        self._templates: dict = {}  # trajectory-state structures (see difftre_io.unpack)
+        self._comm_s = 0.0  # time in collectives of the current epoch
+        self._mid_epoch = False  # an update of an epoch failed: no resumable checkpoint
         self._apply = jax.jit(lambda p, u, a: dt.scaled_params(p, u, a))
         self._opt_update = jax.jit(optimizer.update)
 
@@ -177,20 +188,65 @@ class _DifftreCore:
 
     # -- which state points this process computes -----------------------------
     def batches(self) -> list[list[int]]:
-        """The state points of each update of an epoch."""
-        return dt.statepoint_batches(self.n_statepoints, self.sim_batch_size)
+        """The state points of each update of an epoch. Its errors depend only
+        on values every process checked to agree, so they are raised on all."""
+        try:
+            batches = dt.statepoint_batches(self.n_statepoints, self.sim_batch_size)
+        except ValueError as e:
+            raise raised_everywhere(e) from None
+        ranks = self.strategy.process_count
+        if min(len(b) for b in batches) < ranks:
+            raise raised_everywhere(ValueError(
+                f"Each update splits its state points over the {ranks} MPI ranks, but there are "
+                f"only {self.n_statepoints} state point(s) (sim_batch_size={self.sim_batch_size}): "
+                f"some ranks would have none. Use at most {self.n_statepoints} rank(s) or add "
+                f"state points."))
+        return batches
 
     def _local(self, batch):
         return [batch[j] for j in self.strategy.local_items(len(batch))]
 
-    def _mine(self):
-        """The state points whose trajectories this process keeps."""
-        n = self.n_statepoints
-        try:
-            batches = self.batches()
-        except ValueError:  # Difftre while fewer state points than sim_batch_size exist
-            batches = [list(range(n))] if n else []
-        return sorted({i for b in batches for i in self._local(b)})
+    def _check_statepoints(self, what: str) -> None:
+        """Fail on every process unless all were given the same state points
+        (count, shapes, checksums of state_kwargs, reference states and
+        targets) and sim_batch_size; ``what`` names the operation."""
+        crc, shapes = 0, []
+        for sp in self.statepoints:
+            arrays = [*(sp.state_kwargs[k] for k in sorted(sp.state_kwargs)), sp.reference,
+                      *(sp.target_values[k] for k in sorted(sp.target_values))]
+            shapes.append([list(np.shape(a)) for a in arrays])
+            for a in arrays:
+                crc = zlib.crc32(np.ascontiguousarray(np.asarray(a)).tobytes(), crc)
+        self.strategy.check_same({"n_statepoints": self.n_statepoints, "shapes": shapes,
+                                  "checksum": crc, "sim_batch_size": self.sim_batch_size,
+                                  "at": what},
+                                 f"the state points ({what}: their number, shapes and a checksum "
+                                 f"of state_kwargs, reference states and targets)")
+
+    def _exchange(self, new: dict) -> dict:
+        """Every process's newly computed trajectory states, on every process."""
+        if self.strategy.process_count == 1:
+            return new
+        started = time.perf_counter()
+        parts = self.strategy.host_allgather_object(difftre_io.pack(new))
+        theirs = {i: chains for part in parts for i, chains in part.items() if i not in new}
+        out = difftre_io.unpack(self, theirs, self._templates)
+        out.update(new)
+        self._comm_s += time.perf_counter() - started
+        return out
+
+    def _agree(self, compute, what):
+        """:func:`agree` on ``compute``; the time spent waiting for the other
+        processes counts as communication."""
+        done = []
+
+        def timed():
+            result = compute()
+            done.append(time.perf_counter())
+            return result
+        result = agree(self.strategy, timed, what)
+        self._comm_s += time.perf_counter() - done[0]
+        return result
 
     def _train_key(self, index, chain):
         return dt.statepoint_key(jax.random.fold_in(self.key, 0), index, self.update_count, chain)
@@ -216,8 +272,10 @@ class _DifftreCore:
             raise ValueError("There are no state points; add them first.")
         if not (isinstance(num_runs, int) and num_runs >= 1):
             raise ValueError(f"num_runs must be a positive integer, got {num_runs!r}.")
+        self._check_statepoints("initialize_trajstates")
         base = jax.random.fold_in(self.key, 1)
-        mine = [i for i in self._mine() if statepoints is None or i in statepoints]
+        mine = self._local([i for i in range(self.n_statepoints)
+                            if statepoints is None or i in statepoints])
 
         def compute():
             new = {}
@@ -234,7 +292,8 @@ class _DifftreCore:
             bar.close()
             return new
 
-        self.trajstates.update(agree(self.strategy, compute, "sampling initial trajectories"))
+        self.trajstates.update(self._exchange(
+            self._agree(compute, "sampling initial trajectories")))
         self.init_runs = num_runs
 
     # -- training ---------------------------------------------------------------
@@ -243,7 +302,8 @@ class _DifftreCore:
         """Train ``max_epochs`` more epochs; every state point is used once per
         epoch. Checkpoint every ``checkpoint_freq`` epochs; write the plot of
         predictions against targets at the end if ``plot_file`` was given."""
-        missing = [i for i in self._mine() if i not in self.trajstates]
+        self._check_statepoints("train")
+        missing = [i for i in range(self.n_statepoints) if i not in self.trajstates]
         if missing:
             raise RuntimeError(f"State point(s) {missing} have no trajectory yet: call "
                                f"trainer.initialize_trajstates() (or load_trajstates(path)) "
@@ -253,7 +313,7 @@ class _DifftreCore:
         batches = self.batches()
         epochs = self.reporter.epochs(self.epoch, max_epochs)
         for epoch in epochs:
-            started = time.perf_counter()
+            started, self._comm_s, self._mid_epoch = time.perf_counter(), 0.0, True
             bar = self.reporter.bar(len(batches), f"epoch {epoch}")
             per_sp, step_sizes = {}, []
             for batch in batches:
@@ -263,7 +323,7 @@ class _DifftreCore:
                 bar.set_postfix(loss=f"{result['loss']:.4g}")
                 bar.update()
             bar.close()
-            self.epoch = epoch + 1
+            self.epoch, self._mid_epoch = epoch + 1, False
             loss = float(np.mean([per_sp[i]["loss"] for i in sorted(per_sp)]))
             self.epoch_losses.append(loss)
             record = {"epoch": epoch, "update": self.update_count, "loss": loss,
@@ -273,6 +333,7 @@ class _DifftreCore:
             text = (f"epoch {epoch}: loss {loss:.5g}, {n_re} of {len(per_sp)} state point(s) "
                     f"recomputed, min N_eff {min(r['n_eff'] for r in record['statepoints']):.1f}")
             record["time_s"] = self.strategy.host_max(time.perf_counter() - started)
+            record["comm_s"] = self.strategy.host_max(self._comm_s)
             self.history.append(record)
             self.reporter.report(record, f"{text} ({record['time_s']:.2f} s)", epochs,
                                  loss=f"{loss:.4g}")
@@ -301,9 +362,10 @@ class _DifftreCore:
             return out, new
 
         try:
-            out, new = agree(self.strategy, compute, f"computing update {self.update_count}")
+            out, new = self._agree(compute, f"computing update {self.update_count}")
         except (NeighborListOverflowError, SimulationError) as e:
             self._fail(f"{type(e).__name__}: {e}", epoch)
+        new = self._exchange(new)
 
         # every state point of the batch in one summed buffer (zeros where not computed here)
         n = len(batch)
@@ -325,7 +387,9 @@ class _DifftreCore:
                 buf["parts"][k][j] = o["aux"]["parts"].get(k, np.nan)
                 buf["pred"][j][k] = np.asarray(o["aux"]["predictions"][k]).reshape(
                     buf["pred"][j][k].shape)
+        started = time.perf_counter()
         buf = self.strategy.host_sum(buf)
+        self._comm_s += time.perf_counter() - started
         loss = float(np.sum(buf["loss"]) / n)
         where = f"update {self.update_count} (epoch {epoch}, state points {batch})"
         if np.any(buf["nbr_overflow"]):
@@ -422,7 +486,13 @@ class _DifftreCore:
     @collective
     def save_checkpoint(self, path: str) -> None:
         """Write parameters, optimizer state, histories and the trajectory
-        states to ``path`` (plain data, atomic, root process)."""
+        states to ``path`` (plain data, atomic, root process). Call it on
+        every process, after a completed epoch."""
+        if self._mid_epoch:
+            raise RuntimeError(
+                f"Epoch {self.epoch} did not complete (update {self.update_count} failed), so a "
+                f"checkpoint now could not be resumed; restore the last epoch checkpoint instead "
+                f"(the error state in {self.store.folder!r} holds the failed state for diagnosis).")
         self.store.save(path, *self._capture())
 
     @collective
@@ -431,6 +501,7 @@ class _DifftreCore:
         sim_batch_size); also load its trajectory states unless
         ``trajstates=False``."""
         meta = self.store.restore(self, path, same=("n_shards", "n_statepoints", "sim_batch_size"))
+        self._mid_epoch = False
         self.params = jax.tree.map(jnp.asarray, self.params)
         self.opt_state = jax.tree.map(jnp.asarray, self.opt_state)
         self.history, self.epoch_losses = list(self.history), list(self.epoch_losses)
@@ -457,7 +528,7 @@ class _DifftreCore:
         leaves = self.strategy.broadcast_from_root(leaves) if self.strategy.process_count > 1 \
             else leaves
         self.trajstates.update(difftre_io.trajstates_from_host(
-            self, meta, leaves, self._mine(), path))
+            self, meta, leaves, range(self.n_statepoints), path))
 
     @collective
     def plot(self, path: str) -> None:

@@ -31,6 +31,26 @@ def trajstates_to_host(trajstates: dict) -> tuple[dict, dict]:
     return data, info
 
 
+def pack(trajstates: dict) -> dict:
+    """``{state point: [(info, leaves)]}``: trajectory states as plain numpy
+    leaves plus capacities, to send to other processes (see :func:`unpack`)."""
+    data, info = trajstates_to_host(trajstates)
+    return {i: [(ci, jax.tree.leaves(t)) for ci, t in zip(info[f"{i:05d}"], data[f"{i:05d}"])]
+            for i in sorted(trajstates)}
+
+
+def unpack(trainer, packed: dict, cache: dict) -> dict:
+    """Inverse of :func:`pack` on a process of ``trainer``: the structure of
+    each state comes from the trainer's own functions (see :func:`_template`)."""
+    out = {}
+    for i, chains in packed.items():
+        sp = trainer.statepoints[i]
+        out[i] = [jax.tree.map(jnp.asarray, jax.tree.unflatten(
+            jax.tree.structure(_template(sp, trainer.params, c, ci, cache)), leaves))
+            for c, (ci, leaves) in enumerate(chains)]
+    return out
+
+
 def read(path: str, trainer_name: str):
     """(meta, leaves of the 'trajstates' tree) of a trajectory-state file or
     a checkpoint; refuses error states and other trainers' files."""

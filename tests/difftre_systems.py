@@ -1,0 +1,75 @@
+"""Cheap DiffTRe systems shared by the in-process tests and the mpirun
+scripts: two particles with a harmonic bond at several temperatures (2,100
+Langevin steps and 100 snapshots per trajectory)."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax_md import partition, simulate, space
+
+from chemtrain import quantity
+from chemtrain.models.pair import harmonic_bond_template
+from chemtrain.simulate import process_printouts
+from chemtrain.trainers.difftre import DifftreParallel
+
+KTS = np.array([2.56, 3.0, 3.5, 3.2, 2.8])
+
+
+def analytic_rdf(r, r_0=0.35, b=250.0, kT=2.56, box=1.0):
+    """RDF of two particles bonded by ``b/2 (r - r_0)^2`` in a box of ``box``."""
+    b = b / kT
+    norm = np.sqrt(np.pi / (2 * b)) * (1 + b * r_0 ** 2) / b
+    return box ** 3 / (16 * np.pi) * np.exp(-0.5 * b * (r - r_0) ** 2) / norm
+
+
+def bonded_pair_args(n_statepoints=3, **kwargs):
+    """Arguments of a DifftreParallel on two bonded particles at the first
+    ``n_statepoints`` temperatures of ``KTS``; ``kwargs`` override them."""
+    box = 1.0
+    displacement, shift = space.periodic_general(box)
+    base = harmonic_bond_template(displacement, [[0, 1]])
+    template = lambda p: base({"k": 100 * p["scaled_b"], "r0": p["r_0"]})  # noqa: E731
+    rdf_params = quantity.rdf_discretization(1.0, 50, 0.0)
+    r = np.asarray(rdf_params.bin_centers)
+    kTs = KTS[:n_statepoints]
+    n = len(kTs)
+    args = dict(
+        key=jax.random.PRNGKey(3), init_params={"r_0": jnp.asarray(0.3), "scaled_b": jnp.asarray(1.5)},
+        optimizer=optax.rmsprop(0.01), energy_fn_template=template,
+        simulator_template=functools.partial(simulate.nvt_langevin, shift_fn=shift, dt=0.01,
+                                             kT=2.56, gamma=0.5),
+        neighbor_fn=partition.neighbor_list(displacement, box, 0.9,
+                                            format=partition.NeighborListFormat.Dense),
+        timings=process_printouts(0.01, 21.0, 1.0, 0.2),
+        state_kwargs={"kT": kTs, "mass": np.full(n, 10.0)},
+        quantities={"rdf": quantity.rdf(displacement, rdf_params, box=box),
+                    "energy": quantity.potential_energy()},
+        targets={"rdf": {"target": np.stack([analytic_rdf(r, kT=k) for k in kTs]), "gamma": 1.0},
+                 "energy": {"target": 0.5 * kTs, "gamma": 0.1}},
+        reference_states=np.broadcast_to(np.array([[0.0, 0.0, 0.0], [0.11, 0.09, 0.12]]), (n, 2, 3)),
+        sim_batch_size=1, reweight_ratio=0.99, progress=False)
+    args.update(kwargs)
+    return args
+
+
+def bonded_pair(n_statepoints=3, **kwargs):
+    """DifftreParallel on two bonded particles (see :func:`bonded_pair_args`)."""
+    return DifftreParallel(**bonded_pair_args(n_statepoints, **kwargs))
+
+
+def record_updates(trainer):
+    """Wrap the trainer's update so that each appends (state points of the
+    batch, parameters before, parameters after) to the returned list: test
+    instrumentation for the gradient of each update."""
+    records, update = [], trainer._update
+
+    def recorded(batch, epoch):
+        before = {k: float(v) for k, v in trainer.params.items()}
+        result = update(batch, epoch)
+        records.append({"batch": list(batch), "before": before,
+                        "after": {k: float(v) for k, v in trainer.params.items()}})
+        return result
+    trainer._update = recorded
+    return records
