@@ -24,15 +24,21 @@ def analytic_rdf(r, r_0=0.35, b=250.0, kT=2.56, box=1.0):
     return box ** 3 / (16 * np.pi) * np.exp(-0.5 * b * (r - r_0) ** 2) / norm
 
 
-def bonded_pair_args(n_statepoints=3, **kwargs):
-    """Arguments of a DifftreParallel on two bonded particles at the first
-    ``n_statepoints`` temperatures of ``KTS``; ``kwargs`` override them."""
-    box = 1.0
+def pair_system(box=1.0):
+    """(displacement, shift, template on {'r_0', 'scaled_b'}, RDF bins, bin
+    centers) of two particles bonded by 100 scaled_b / 2 (r - r_0)^2."""
     displacement, shift = space.periodic_general(box)
     base = harmonic_bond_template(displacement, [[0, 1]])
     template = lambda p: base({"k": 100 * p["scaled_b"], "r0": p["r_0"]})  # noqa: E731
     rdf_params = quantity.rdf_discretization(1.0, 50, 0.0)
-    r = np.asarray(rdf_params.bin_centers)
+    return displacement, shift, template, rdf_params, np.asarray(rdf_params.bin_centers)
+
+
+def bonded_pair_args(n_statepoints=3, **kwargs):
+    """Arguments of a DifftreParallel on two bonded particles at the first
+    ``n_statepoints`` temperatures of ``KTS``; ``kwargs`` override them."""
+    box = 1.0
+    displacement, shift, template, rdf_params, r = pair_system(box)
     kTs = KTS[:n_statepoints]
     n = len(kTs)
     args = dict(

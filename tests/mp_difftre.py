@@ -68,7 +68,8 @@ def main():
                                for e in trainer.history],
                 "used": [[[r["statepoint"], r["update"]] for r in e["statepoints"]]
                          for e in trainer.history],
-                "comm_s": [e["comm_s"] for e in trainer.history]}
+                "comm_s": [e["comm_s"] for e in trainer.history],
+                "wait_s": [e["wait_s"] for e in trainer.history]}
 
     def folder(name):
         return os.path.join(out, name)

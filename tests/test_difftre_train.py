@@ -30,7 +30,7 @@ from chemtrain.simulate import (NeighborListOverflowError, make_trajectory, proc
 from chemtrain.trainers.difftre import Difftre, DifftreParallel
 from chemtrain.trainers.services import TrainingError
 from chemtrain.units import kT as thermal_energy
-from difftre_systems import analytic_rdf, bonded_pair
+from difftre_systems import analytic_rdf, bonded_pair, pair_system
 
 N, DENSITY, SIGMA, EPSILON, MASS, R_CUT = 128, 21.0, 0.34, 0.99, 39.95, 0.9
 BOX = (N / DENSITY) ** (1 / 3)
@@ -163,11 +163,7 @@ def test_lj_sigma_and_epsilon_from_rdf_and_pressure(lj, tmp_path):
 # -- two particles with a harmonic bond (upstream chemtrain's test) --------------
 def test_harmonic_bond_from_analytic_rdf(tmp_path):
     box = 1.0
-    displacement, shift = space.periodic_general(box)
-    base = harmonic_bond_template(displacement, [[0, 1]])
-    template = lambda p: base({"k": 100 * p["scaled_b"], "r0": p["r_0"]})  # noqa: E731
-    rdf_params = quantity.rdf_discretization(1.0, 50, 0.0)
-    r = np.asarray(rdf_params.bin_centers)
+    displacement, shift, template, rdf_params, r = pair_system(box)
     optimizer = optax.chain(optax.scale_by_rms(0.9),
                             optax.scale_by_schedule(optax.exponential_decay(-0.05, 300, 0.1)))
     trainer = Difftre({"r_0": jnp.asarray(0.3), "scaled_b": jnp.asarray(1.5)}, optimizer,
@@ -202,7 +198,8 @@ def test_resume_continues_exactly(tmp_path):
     assert a.epoch == b.epoch == 4 and a.update_count == b.update_count == 12
     for k in a.params:
         assert np.array_equal(np.asarray(a.params[k]), np.asarray(b.params[k])), k
-    untimed = lambda h: [{k: v for k, v in e.items() if k not in ("time_s", "comm_s")} for e in h]  # noqa: E731
+    timers = ("time_s", "comm_s", "wait_s")
+    untimed = lambda h: [{k: v for k, v in e.items() if k not in timers} for e in h]  # noqa: E731
     assert untimed(a.history) == untimed(b.history)
     # both paths were exercised after the checkpoint
     later = [r["recomputed"] for e in a.history[2:] for r in e["statepoints"]]

@@ -157,7 +157,7 @@ class _DifftreCore:
         self.predictions: dict[int, dict] = {}
         self._fixed_cache: dict[int, tuple] = {}  # state point -> (trajs, values, overflows)
         self._templates: dict = {}  # trajectory-state structures (see difftre_io.unpack)
-        self._comm_s = 0.0  # time in collectives of the current epoch
+        self._comm_s = self._wait_s = 0.0  # this epoch: exchanges, waiting for others
         self._mid_epoch = False  # an update of an epoch failed: no resumable checkpoint
         self._apply = jax.jit(lambda p, u, a: dt.scaled_params(p, u, a))
         self._opt_update = jax.jit(optimizer.update)
@@ -236,16 +236,16 @@ class _DifftreCore:
         return out
 
     def _agree(self, compute, what):
-        """:func:`agree` on ``compute``; the time spent waiting for the other
-        processes counts as communication."""
+        """:func:`agree` on ``compute``, timing the wait for the other
+        processes."""
         done = []
 
         def timed():
-            result = compute()
+            result = jax.block_until_ready(compute())  # time the work, not its dispatch
             done.append(time.perf_counter())
             return result
         result = agree(self.strategy, timed, what)
-        self._comm_s += time.perf_counter() - done[0]
+        self._wait_s += time.perf_counter() - done[0]
         return result
 
     def _train_key(self, index, chain):
@@ -313,7 +313,8 @@ class _DifftreCore:
         batches = self.batches()
         epochs = self.reporter.epochs(self.epoch, max_epochs)
         for epoch in epochs:
-            started, self._comm_s, self._mid_epoch = time.perf_counter(), 0.0, True
+            started, self._comm_s, self._wait_s = time.perf_counter(), 0.0, 0.0
+            self._mid_epoch = True
             bar = self.reporter.bar(len(batches), f"epoch {epoch}")
             per_sp, step_sizes = {}, []
             for batch in batches:
@@ -334,6 +335,7 @@ class _DifftreCore:
                     f"recomputed, min N_eff {min(r['n_eff'] for r in record['statepoints']):.1f}")
             record["time_s"] = self.strategy.host_max(time.perf_counter() - started)
             record["comm_s"] = self.strategy.host_max(self._comm_s)
+            record["wait_s"] = self.strategy.host_max(self._wait_s)
             self.history.append(record)
             self.reporter.report(record, f"{text} ({record['time_s']:.2f} s)", epochs,
                                  loss=f"{loss:.4g}")

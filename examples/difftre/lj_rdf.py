@@ -18,6 +18,11 @@ predictions, N_eff and whether each state point was recomputed),
 ``predictions.png`` (RDF curves and pressure bars against the targets per
 temperature), ``parameters.png`` (sigma and epsilon per epoch) and a
 checkpoint with the trajectory states. A few minutes on two CPU cores.
+
+Under MPI, one rank per device, the state points are spread over the ranks
+(rank 0 makes the targets and sends them to the others):
+
+    mpirun -np 2 python examples/difftre/lj_rdf.py --epochs 30
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ from jax_md import partition, simulate, space
 
 from chemtrain import quantity
 from chemtrain.learn.difftre import make_snapshot_evaluator
+from chemtrain.parallel import make_strategy, on_root
 from chemtrain.models.pair import lennard_jones_template
 from chemtrain.simulate import make_trajectory, process_printouts, run_with_restart
 from chemtrain.trainers.difftre import DifftreParallel
@@ -119,10 +125,14 @@ def main(argv=None):
     temperatures = [float(t) for t in args.temperatures.split(",")]
     kTs = np.array([kT(t) for t in temperatures])
     s = system()
+    strategy = make_strategy("auto", allow_jax=False, trainer="DifftreParallel")
+    say = print if strategy.is_root else (lambda *a, **k: None)
 
     start = time.perf_counter()
-    rdfs, pressures, starts = reference_data(s, kTs, args.seed)
-    print(f"targets from the true potential ({time.perf_counter() - start:.0f} s): pressure "
+    # on the root only, sent to every rank: all must train on the same targets
+    targets = on_root(strategy, lambda: reference_data(s, kTs, args.seed), only_root=True)
+    rdfs, pressures, starts = strategy.broadcast_from_root(targets)
+    say(f"targets from the true potential ({time.perf_counter() - start:.0f} s): pressure "
           + ", ".join(f"{p:.1f}" for p in pressures) + " kJ/mol/nm^3 at "
           + ", ".join(f"{t:g} K" for t in temperatures))
 
@@ -146,6 +156,8 @@ def main(argv=None):
                        "epsilon": float(jnp.exp(trainer.params["log_epsilon"]))})
     trainer.save_checkpoint(os.path.join(args.out, "final.npz"))
     trainer.plot(os.path.join(args.out, "predictions.png"))
+    if not strategy.is_root:
+        return
     plot_parameters(params, os.path.join(args.out, "parameters.png"))
 
     last = trainer.history[-1]["statepoints"]
