@@ -6,9 +6,10 @@ trajectory, the loss and gradient by reweighting -> gradients summed over
 processes (``strategy.host_sum``) and divided by the batch size -> one optax
 update, optionally scaled down so N_eff keeps ``allowed_reduction`` of its
 value -> the recomputed trajectories sent to every process, so each holds
-all of them (parameters, optimizer state and trajectories are replicated). The numbers come from :mod:`chemtrain.learn.difftre`, trajectories
-from :mod:`chemtrain.simulate.trajectory`, reports, checkpoints and failures
-from :mod:`chemtrain.trainers.services`; the loop never asks which parallel
+all of them (parameters, optimizer state and trajectories are replicated).
+The numbers come from :mod:`chemtrain.learn.difftre`, trajectories from
+:mod:`chemtrain.simulate.trajectory`, reports, checkpoints and failures from
+:mod:`chemtrain.trainers.services`; the loop never asks which parallel
 method runs. Random keys derive from the state point and the update count
 only.
 """
