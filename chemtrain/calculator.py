@@ -34,6 +34,7 @@ from ase.calculators.calculator import Calculator, PropertyNotImplementedError, 
 from ase.stress import full_3x3_to_voigt_6_stress
 
 from chemtrain import units
+from chemtrain.neighbors import host_edges, perpendicular_widths
 
 log = logging.getLogger(__name__)
 
@@ -45,25 +46,10 @@ FORMATS = ("sparse", "dense", "ordered_sparse")
 
 
 def host_neighbors(atoms, cutoff: float):
-    """All directed edges ``(i, j, S)`` with ``|R[j] - R[i] + S @ cell| <
-    cutoff`` (Angstrom), every periodic image included, no self edges of
-    zero shift."""
-    pbc = np.asarray(atoms.pbc, bool)
-    try:
-        from matscipy.neighbours import neighbour_list
-    except ImportError:
-        neighbour_list = None
-    if neighbour_list is not None and not pbc.any():
-        # matscipy needs a non-singular cell: a box around the atoms
-        import ase
-        pos = atoms.positions - atoms.positions.min(axis=0)
-        box = np.diag(pos.max(axis=0) + 2 * cutoff + 1.0)
-        atoms = ase.Atoms(positions=pos, cell=box, pbc=False, numbers=atoms.numbers)
-    elif neighbour_list is not None and abs(np.linalg.det(atoms.cell.array)) < 1e-9:
-        neighbour_list = None
-    if neighbour_list is None:
-        from ase.neighborlist import neighbor_list as neighbour_list
-    i, j, S = neighbour_list("ijS", atoms, float(cutoff))
+    """All directed edges ``(i, j, S)`` of ASE ``atoms`` with ``|R[j] - R[i]
+    + S @ cell| < cutoff`` (Angstrom), every periodic image included, no self
+    edges of zero shift (:func:`chemtrain.neighbors.host_edges`)."""
+    i, j, S = host_edges(atoms.positions, atoms.cell.array, atoms.pbc, float(cutoff))
     return i.astype(np.int32), j.astype(np.int32), S.astype(np.int32)
 
 
@@ -300,10 +286,7 @@ class TemplateModel:
                 f"three directions; these atoms have pbc {pbc.tolist()}. Use from_mace for MACE "
                 f"models (any pbc), or set atoms.pbc to all True or all False.")
         if pbc.all():
-            cell = atoms.cell.array
-            volume = abs(np.linalg.det(cell))
-            widths = [volume / np.linalg.norm(np.cross(cell[(k + 1) % 3], cell[(k + 2) % 3]))
-                      for k in range(3)]
+            widths = perpendicular_widths(atoms.cell.array.T)  # jax-md layout: columns
             if min(widths) < 2 * self.cutoff:
                 raise ValueError(
                     f"The cell is {min(widths):.3f} Angstrom wide, narrower than twice the cutoff "

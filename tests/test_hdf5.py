@@ -224,6 +224,36 @@ def test_bad_files(tmp_path, files):
         HDF5ParallelDataLoader(train).configure(6, training=True, seed=0, strategy=four)
 
 
+def test_rows_and_dtype_select_and_cast(files, tmp_path):
+    """rows= hands out only those rows (ascending), dtype= casts floats;
+    both in batches, in read_columns and in configure's checks."""
+    train, _, parts = files
+    data = parts["training"]
+    rows = [11, 2, 7, 3, 15, 0]
+    loader = HDF5ParallelDataLoader(train, rows=np.array(rows), dtype=np.float32, shuffle=False)
+    loader.configure(2, training=False, seed=0, strategy=make_strategy("single"),
+                     required=("R", "U", "F"))
+    assert loader.n == 6 and loader.schema["R"] == ((32, 3), "<f4")
+    got = list(loader.local_batches(make_strategy("single")))
+    picked = sorted(rows)
+    R = np.concatenate([b["R"] for b in got])
+    assert R.dtype == np.float32 and len(got) == 3
+    np.testing.assert_array_equal(R, data["R"][picked].astype(np.float32))
+    np.testing.assert_array_equal(np.concatenate([b["U"] for b in got]),
+                                  data["U"][picked].astype(np.float32))
+    np.testing.assert_array_equal(loader.read_columns(["U"])["U"],
+                                  data["U"][picked].astype(np.float32))
+    n = len(data["R"])
+    with pytest.raises(ValueError, match=rf"1 row number\(s\) outside the {n} rows of .*train.h5.*first \[{n}\]"):
+        HDF5ParallelDataLoader(train, rows=[0, n])
+    with pytest.raises(ValueError, match=r"row\(s\) \[3\] more than once"):
+        HDF5ParallelDataLoader(train, rows=[3, 1, 3])
+    with pytest.raises(ValueError, match="non-empty 1-D array of row numbers.*dtype float64"):
+        HDF5ParallelDataLoader(train, rows=np.array([0.0, 1.0]))
+    with pytest.raises(ValueError, match="dtype must be a floating-point type.*int32"):
+        HDF5ParallelDataLoader(train, dtype=np.int32)
+
+
 def test_convert_npz_round_trip(tmp_path):
     rng = np.random.default_rng(0)
     n, atoms = 37, 5

@@ -14,13 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax_md import energy as jmd_energy
 from jax_md import partition, space
 
 import mace_ref
 from chemtrain import neighbors as nb
 from chemtrain import units
 from chemtrain.learn import force_matching as fm
+from chemtrain.models import lennard_jones_template
 from chemtrain.trainers import ForceMatching
 
 EV = units.EV_TO_KJ_PER_MOL
@@ -197,7 +197,6 @@ def lj_data(n=4, box=0.5):
 
 
 def test_small_cell_with_jax_md_list_is_refused(tmp_path):
-    from chemtrain.models import lennard_jones_template
     disp, _ = space.periodic_general(np.eye(3) * 0.5, fractional_coordinates=False)
     # the helper refuses the cell when it is built, naming widths and cutoff
     with pytest.raises(nb.SmallCellError, match=r"perpendicular widths \[0\.5 +0\.5 +0\.5\] nm.*"
@@ -231,7 +230,6 @@ def test_small_cell_with_jax_md_list_is_refused(tmp_path):
 
 
 def test_graph_mode_errors(tmp_path):
-    from chemtrain.models import lennard_jones_template
     disp, _ = space.free()
     data = lj_data()
     tr = ForceMatching({"sigma": 0.3, "epsilon": 1.0}, optax.sgd(1e-3),
@@ -262,20 +260,8 @@ def test_graph_mode_errors(tmp_path):
 SIGMA, EPSILON, RC, RO = 3.4, 0.0104, 7.0, 6.0      # Angstrom, eV (argon-like)
 
 
-def lj_graph_template(r_cutoff, r_onset):
-    """Lennard-Jones on the project's edge helper (graphs or jax-md lists)."""
-    switch = jmd_energy.multiplicative_isotropic_cutoff(
-        lambda r, s, e: jmd_energy.lennard_jones(r, s, e), r_onset, r_cutoff)
-
-    def template(params):
-        def energy_fn(positions, neighbor, box=None, perturbation=None, **kwargs):
-            _, _, vec, real = nb.edge_vectors(None, positions, neighbor, box=box,
-                                              perturbation=perturbation)
-            r = jnp.sqrt(jnp.where(real, jnp.sum(vec * vec, -1), 1.0))
-            return nb.pair_weight(neighbor) * jnp.sum(
-                jnp.where(real, switch(r, params["sigma"], params["epsilon"]), 0.0))
-        return energy_fn
-    return template
+# the project's LJ on precomputed graphs (no displacement function needed)
+LJ_GRAPHS = lennard_jones_template(None, RC * 0.1, RO * 0.1)
 
 
 def ase_lj_labels(structures):
@@ -327,7 +313,6 @@ def test_lj_stress_of_a_large_cell_with_jax_md_list():
     """The jax-md path: the project's LJ template and the neighbor-list
     helper give ASE's stress for a cell wide enough for minimum image."""
     from ase.build import bulk
-    from chemtrain.models import lennard_jones_template
     atoms = bulk("Ar", "fcc", a=5.3, cubic=True).repeat(3)
     rng = np.random.default_rng(3)
     strain = np.eye(3) + 0.02 * rng.normal(size=(3, 3))
@@ -357,7 +342,7 @@ def test_lj_crystal_stress_training_recovers_parameters(tmp_path, gammas):
     true = {"sigma": SIGMA / 10, "epsilon": EPSILON * EV}
     tr = ForceMatching({"sigma": jnp.asarray(0.33), "epsilon": jnp.asarray(1.1)},
                        optax.lbfgs(learning_rate=1.0, linesearch=None),
-                       lj_graph_template(RC * 0.1, RO * 0.1), None, batch=12,
+                       LJ_GRAPHS, None, batch=12,
                        parallelism="single", gammas=gammas,
                        weights_keys={"stress": "stress_weight"}, progress=False,
                        checkpoint_path=str(tmp_path))
@@ -376,7 +361,7 @@ def test_molecules_and_cells_train_without_nan(tmp_path):
     assert (data["stress_weight"] == [1] * 4 + [0] * 4).all() and (data["box"][4:] == 0).all()
     kw = dict(gammas={"U": 1.0, "F": 1e-2, "stress": 1e-4}, progress=False, batch=4,
               parallelism="single", checkpoint_path=str(tmp_path))
-    template = lj_graph_template(RC * 0.1, RO * 0.1)
+    template = LJ_GRAPHS
     init = {"sigma": jnp.asarray(0.32), "epsilon": jnp.asarray(1.2)}
     tr = ForceMatching(init, optax.adam(1e-2), template, None, **kw)
     with pytest.raises(ValueError, match=r"pass weights_keys=\{'stress': 'stress_weight'\}"):
@@ -434,13 +419,13 @@ def test_converter_reads_stress_and_writes_graphs(tmp_path):
         assert got == brute_edges(pos, cell, pbc, RC)
     # the trainer reads it with nbrs_init=None and asks for the stress weights
     tr = ForceMatching({"sigma": jnp.asarray(0.34), "epsilon": jnp.asarray(1.0)}, optax.sgd(0.0),
-                       lj_graph_template(RC * 0.1, RO * 0.1), None, batch=3, parallelism="single",
+                       LJ_GRAPHS, None, batch=3, parallelism="single",
                        gammas={"U": 1.0, "stress": 1.0}, progress=False,
                        checkpoint_path=str(tmp_path / "c"))
     with pytest.raises(ValueError, match="stress_weight"):
         tr.set_loader(HDF5ParallelDataLoader(out), "testing")
     tr = ForceMatching({"sigma": jnp.asarray(0.34), "epsilon": jnp.asarray(1.0)}, optax.sgd(0.0),
-                       lj_graph_template(RC * 0.1, RO * 0.1), None, batch=3, parallelism="single",
+                       LJ_GRAPHS, None, batch=3, parallelism="single",
                        gammas={"U": 1.0, "stress": 1.0}, weights_keys={"stress": "stress_weight"},
                        progress=False, checkpoint_path=str(tmp_path / "c"))
     tr.set_loader(HDF5ParallelDataLoader(out, keys=["R", "U", "F", "box", "mask", "stress",
@@ -456,7 +441,7 @@ def test_graphs_on_two_devices_equal_one(tmp_path):
     params = {}
     for parallelism, mesh in (("single", None), ("jax", Mesh(np.array(jax.devices()[:2]), ("data",)))):
         tr = ForceMatching({"sigma": jnp.asarray(0.33), "epsilon": jnp.asarray(1.1)},
-                           optax.sgd(1e-9), lj_graph_template(RC * 0.1, RO * 0.1), None, batch=4,
+                           optax.sgd(1e-9), LJ_GRAPHS, None, batch=4,
                            parallelism=parallelism, mesh=mesh, gammas={"F": 1.0, "stress": 1e-4},
                            weights_keys={"stress": "stress_weight"}, progress=False,
                            checkpoint_path=str(tmp_path / parallelism))

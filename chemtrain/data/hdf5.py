@@ -43,10 +43,14 @@ class HDF5ParallelDataLoader:
         evaluation; decided by ``trainer.set_loader``).
       seed: seed of the batch order (default: the trainer's seed).
       prefetch: number of batches read ahead (bounded queue depth).
+      rows: use only these rows of the file (e.g. a training split), in
+        ascending order; default all.
+      dtype: hand out floating-point datasets in this precision (e.g.
+        ``np.float32`` for float32 training from a float64 file).
     """
 
     def __init__(self, source, keys=None, shuffle: bool | None = None, seed: int | None = None,
-                 prefetch: int = 2):
+                 prefetch: int = 2, rows=None, dtype=None):
         import h5py
         if prefetch < 1:
             raise ValueError(f"prefetch must be at least 1, got {prefetch}.")
@@ -72,6 +76,16 @@ class HDF5ParallelDataLoader:
                 raise KeyError(f"{self.path!r} has no dataset(s) {missing} at its root; it has "
                                f"{sorted(shapes)}.")
             shapes = {k: shapes[k] for k in keys}
+        self.rows = None if rows is None else _check_rows(rows, self.n, self.path)
+        if self.rows is not None:
+            self.n = len(self.rows)
+        self.dtype = None if dtype is None else np.dtype(dtype)
+        if self.dtype is not None:
+            if self.dtype.kind != "f":
+                raise ValueError(f"dtype must be a floating-point type (np.float32 or "
+                                 f"np.float64), got {self.dtype}.")
+            shapes = {k: (shape, self.dtype.str if np.dtype(t).kind == "f" else t)
+                      for k, (shape, t) in shapes.items()}
         self.schema = shapes
 
     # -- set-up by the trainer ---------------------------------------------
@@ -135,7 +149,13 @@ class HDF5ParallelDataLoader:
         if not keys:
             return {}
         with self._open() as f:
-            return {k: np.asarray(f[k][()]) for k in keys}
+            out = {k: np.asarray(f[k][()]) for k in keys}
+        return self._cast({k: v if self.rows is None else v[self.rows] for k, v in out.items()})
+
+    def _cast(self, data: dict) -> dict:
+        if self.dtype is None:
+            return data
+        return {k: v.astype(self.dtype) if v.dtype.kind == "f" else v for k, v in data.items()}
 
     def __len__(self) -> int:
         return n_batches(self.n, self.batch, self.drop_last)
@@ -157,6 +177,8 @@ class HDF5ParallelDataLoader:
     def _read(self, f, idx: np.ndarray) -> dict:
         """Read rows ``idx`` of every dataset, one slice per run of
         consecutive rows (much faster in h5py than a point selection)."""
+        if self.rows is not None:
+            idx = self.rows[idx]
         unique, inverse = np.unique(idx, return_inverse=True)
         cuts = np.nonzero(np.diff(unique) != 1)[0] + 1
         runs = [(int(r[0]), int(r[-1]) + 1) for r in np.split(unique, cuts)]
@@ -165,7 +187,7 @@ class HDF5ParallelDataLoader:
             ds = f[k]
             rows = [ds[a:b] for a, b in runs]
             out[k] = (rows[0] if len(rows) == 1 else np.concatenate(rows))[inverse]
-        return out
+        return self._cast(out)
 
     def local_batches(self, strategy, epoch: int = 0) -> Iterator[dict]:
         """Yield this process's rows of every batch of an epoch (numpy), read
@@ -208,6 +230,23 @@ class HDF5ParallelDataLoader:
         finally:
             stop.set()
             thread.join(timeout=10)
+
+
+def _check_rows(rows, n: int, path: str) -> np.ndarray:
+    """``rows`` as sorted int64 row numbers of a file of ``n`` rows."""
+    r = np.asarray(rows)
+    if r.ndim != 1 or r.size == 0 or r.dtype.kind not in "iu":
+        raise ValueError(f"rows must be a non-empty 1-D array of row numbers of {path!r}, got "
+                         f"{'dtype ' + str(r.dtype) if r.ndim == 1 else 'shape ' + str(r.shape)}.")
+    bad = r[(r < 0) | (r >= n)]
+    if bad.size:
+        raise ValueError(f"rows holds {bad.size} row number(s) outside the {n} rows of {path!r} "
+                         f"(0 to {n - 1}), first {bad[:5].tolist()}.")
+    r = np.sort(r.astype(np.int64))
+    if np.any(np.diff(r) == 0):
+        raise ValueError(f"rows names row(s) {np.unique(r[1:][np.diff(r) == 0])[:5].tolist()} "
+                         f"more than once; give each row of {path!r} once.")
+    return r
 
 
 class _Borrowed:

@@ -15,6 +15,8 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
+from ..neighbors import edge_vectors, pair_weight
+
 
 def neighbor_pairs(neighbor, n_atoms: int):
     """Return (i, j, weight) arrays of a Dense, Sparse or OrderedSparse
@@ -32,15 +34,13 @@ def neighbor_pairs(neighbor, n_atoms: int):
 
 def pair_energy(pair_fn: Callable, displacement_fn: Callable, positions, neighbor,
                 **displacement_kwargs):
-    """Sum ``pair_fn(r)`` over the neighbor list's real edges."""
-    n = positions.shape[0]
-    i, j, weight = neighbor_pairs(neighbor, n)
-    real = (i < n) & (j < n)
-    ri, rj = positions[jnp.minimum(i, n - 1)], positions[jnp.minimum(j, n - 1)]
-    dr = jax.vmap(lambda a, b: displacement_fn(a, b, **displacement_kwargs))(ri, rj)
+    """Sum ``pair_fn(r)`` over the real edges of a jax-md neighbor list or a
+    precomputed :class:`chemtrain.neighbors.Graph` (``box`` and
+    ``perturbation`` among ``displacement_kwargs``)."""
+    _, _, dr, real = edge_vectors(displacement_fn, positions, neighbor, **displacement_kwargs)
     d2 = jnp.sum(dr * dr, axis=-1)
     r = jnp.sqrt(jnp.where(real, d2, 1.0))  # safe gradient on unused edges
-    return weight * jnp.sum(jnp.where(real, pair_fn(r), 0.0))
+    return pair_weight(neighbor) * jnp.sum(jnp.where(real, pair_fn(r), 0.0))
 
 
 def cosine_cutoff(r, r_cutoff):
@@ -50,7 +50,8 @@ def cosine_cutoff(r, r_cutoff):
 def lennard_jones_template(displacement_fn: Callable, r_cutoff: float,
                            r_onset: float | None = None) -> Callable:
     """Lennard-Jones with parameters ``{'sigma', 'epsilon'}``, smoothly switched
-    to zero between ``r_onset`` (default 0.9 r_cutoff) and ``r_cutoff``."""
+    to zero between ``r_onset`` (default 0.9 r_cutoff) and ``r_cutoff``.
+    ``displacement_fn`` may be None for precomputed graphs."""
     from jax_md import energy as jmd_energy
     r_onset = 0.9 * r_cutoff if r_onset is None else r_onset
     switch = jmd_energy.multiplicative_isotropic_cutoff(

@@ -95,18 +95,7 @@ def hdf5_training_loader(path, rows, dtype):
     """The HDF5 loader, restricted to the training rows of the file, handing
     out floating-point data in the training precision."""
     from chemtrain.data import HDF5ParallelDataLoader
-
-    class TrainingRows(HDF5ParallelDataLoader):
-        def __init__(self):
-            super().__init__(path)
-            self.rows, self.n = np.sort(rows), len(rows)
-            self.schema = {k: (shape, np.dtype(dtype).str if np.dtype(t).kind == "f" else t)
-                           for k, (shape, t) in self.schema.items()}
-
-        def _read(self, f, idx):
-            out = super()._read(f, self.rows[idx])
-            return {k: v.astype(dtype) if v.dtype.kind == "f" else v for k, v in out.items()}
-    return TrainingRows()
+    return HDF5ParallelDataLoader(path, rows=rows, dtype=dtype)
 
 
 # -- model ----------------------------------------------------------------------
