@@ -143,15 +143,10 @@ def statepoint_loss(predictions: Mapping, targets: Mapping, target_values: Mappi
     return loss, parts
 
 
-# state_kwargs that describe the ensemble and never reach the energy function
-# (the trajectory generator computes U_ref with the same rule)
-ENSEMBLE_KEYS = ("kT", "pressure", "mass", "box")
-
-
 def snapshot_energy_kwargs(snapshot, state_kwargs: Mapping) -> dict:
     """Keyword arguments of the energy function for one snapshot: the
     non-ensemble ``state_kwargs`` and, for NPT states, the snapshot's box."""
-    from ..simulate.trajectory import state_box_kwargs
+    from ..simulate.trajectory import ENSEMBLE_KEYS, state_box_kwargs
     out = {k: v for k, v in state_kwargs.items() if k not in ENSEMBLE_KEYS}
     out.update(state_box_kwargs(snapshot))
     return out

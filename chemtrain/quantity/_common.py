@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-# state_kwargs that describe the ensemble, never passed to an energy function
-# (the same set chemtrain.simulate.trajectory keeps from the energy function).
-RESERVED = ("kT", "pressure", "mass", "box")
+from ..simulate.trajectory import ENSEMBLE_KEYS
 
 
 def is_npt(state) -> bool:
@@ -49,7 +47,7 @@ def displacement_kwargs(state) -> dict:
 def energy_kwargs(state, kwargs) -> dict:
     """Keyword arguments for the energy function: the NPT box plus the
     non-reserved state_kwargs (the same the trajectory generator uses)."""
-    out = {k: v for k, v in kwargs.items() if k not in RESERVED}
+    out = {k: v for k, v in kwargs.items() if k not in ENSEMBLE_KEYS}
     out.update(displacement_kwargs(state))
     return out
 

@@ -26,8 +26,9 @@ import numpy as np
 
 log = logging.getLogger("chemtrain")
 
-# Reserved state_kwargs: consumed here, not forwarded to the energy function.
-_INIT_ONLY = ("mass", "box")
+# state_kwargs that describe the ensemble: consumed by the simulator, never
+# passed to the energy function (quantities and the DiffTRe loss use the same)
+ENSEMBLE_KEYS = ("kT", "pressure", "mass", "box")
 
 
 class NeighborListOverflowError(RuntimeError):
@@ -305,7 +306,7 @@ def make_trajectory(simulator_template: Callable, energy_fn_template: Callable, 
         if is_npt(traj_state.sim_state) and "pressure" in state_kwargs:
             step_kwargs["pressure"] = state_kwargs["pressure"]
         energy_kwargs = {k: v for k, v in state_kwargs.items()
-                         if k not in ("kT", "pressure") + _INIT_ONLY}
+                         if k not in ENSEMBLE_KEYS}
         state, nbrs, valid, n_valid, overflow, nonfinite, snapshots, U = _run_jit(
             params, traj_state.sim_state, traj_state.nbrs, key, step_kwargs, energy_kwargs)
         return TrajState(sim_state=state, nbrs=nbrs, last_valid_position=valid.position,
