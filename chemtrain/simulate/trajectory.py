@@ -224,6 +224,11 @@ def make_trajectory(simulator_template: Callable, energy_fn_template: Callable, 
         raise TypeError(f"timings must come from chemtrain.simulate.process_printouts(...), got "
                         f"{type(timings).__name__}.")
 
+    @jax.jit  # compiled once per shapes and neighbor capacity, not per state point
+    def _init_state(params, key, R0, nbrs, mass, box_kw, kwargs):
+        init, _ = simulator_template(energy_fn_template(params))
+        return init(key, R0, mass=mass, neighbor=nbrs, **box_kw, **kwargs)
+
     def init_fn(params, key, R0, nbrs=None, **state_kwargs) -> TrajState:
         _check_kT(state_kwargs, "init_fn")
         R0 = jnp.asarray(R0)
@@ -232,8 +237,7 @@ def make_trajectory(simulator_template: Callable, energy_fn_template: Callable, 
                              f"shape {R0.shape}.")
         if not bool(jnp.all(jnp.isfinite(R0))):
             raise ValueError("R0 contains NaN or infinite positions.")
-        energy_fn = energy_fn_template(params)
-        init, _ = simulator_template(energy_fn)
+        init, _ = simulator_template(energy_fn_template(params))  # for its signature only
         kwargs = {k: v for k, v in state_kwargs.items() if k not in ("mass", "box", "pressure")}
         npt = _accepts_box(init)
         box_kw = {}
@@ -249,7 +253,7 @@ def make_trajectory(simulator_template: Callable, energy_fn_template: Callable, 
                 "The neighbor list given to init_fn has overflowed; allocate it at R0 "
                 "(neighbor_fn.allocate(R0)) or pass nbrs=None.")
         mass = state_kwargs.get("mass", 1.0)
-        state = init(key, R0, mass=mass, neighbor=nbrs, **box_kw, **kwargs)
+        state = _init_state(params, key, R0, nbrs, mass, box_kw, kwargs)
         return TrajState(sim_state=state, nbrs=nbrs, last_valid_position=state.position,
                          overflow=jnp.asarray(False), nonfinite=jnp.asarray(False),
                          last_valid_state=state, last_valid_step=jnp.asarray(0),
