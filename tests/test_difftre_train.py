@@ -187,7 +187,7 @@ def test_resume_continues_exactly(tmp_path):
     search = dict(step_size_search=True, allowed_reduction=0.97, optimizer=optax.rmsprop(0.03))
     a = bonded_pair(checkpoint_path=str(tmp_path / "a"), **search)
     a.initialize_trajstates(num_runs=2)
-    a.train(2)
+    a.train(2, checkpoint_freq=2)
     a.save_checkpoint(str(tmp_path / "k.npz"))
     a.save_trajstates(str(tmp_path / "traj.npz"))
     a.train(2)
@@ -206,9 +206,10 @@ def test_resume_continues_exactly(tmp_path):
     assert any(later) and not all(later)
     steps = [x for e in a.history for x in e["step_sizes"]]
     assert min(steps) < 1.0 and max(steps) == 1.0, steps
-    # restore() alone also brings the checkpoint's trajectories
+    # restore() alone also brings the checkpoint's trajectories; the epoch
+    # checkpoint written by train() holds the same as save_checkpoint's
     c = bonded_pair(checkpoint_path=str(tmp_path / "c"), **search)
-    c.restore(str(tmp_path / "k.npz"))
+    c.restore(str(tmp_path / "a" / "epoch_00002.npz"))
     c.train(2)
     assert all(np.array_equal(np.asarray(a.params[k]), np.asarray(c.params[k])) for k in a.params)
 

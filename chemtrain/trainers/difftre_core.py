@@ -30,7 +30,8 @@ from ..parallel import agree, make_strategy, on_root, raised_everywhere
 from ..simulate.trajectory import (NeighborListOverflowError, SimulationError, make_trajectory,
                                    run_with_restart)
 from . import difftre_io
-from .services import CheckpointStore, Reporter, check_consistency, collective, init_state
+from .services import (CheckpointStore, Reporter, check_consistency, close_epoch, collective,
+                       init_state)
 
 log = logging.getLogger("chemtrain")
 
@@ -334,14 +335,10 @@ class _DifftreCore:
             n_re = sum(r["recomputed"] for r in record["statepoints"])
             text = (f"epoch {epoch}: loss {loss:.5g}, {n_re} of {len(per_sp)} state point(s) "
                     f"recomputed, min N_eff {min(r['n_eff'] for r in record['statepoints']):.1f}")
-            record["time_s"] = self.strategy.host_max(time.perf_counter() - started)
             record["comm_s"] = self.strategy.host_max(self._comm_s)
             record["wait_s"] = self.strategy.host_max(self._wait_s)
-            self.history.append(record)
-            self.reporter.report(record, f"{text} ({record['time_s']:.2f} s)", epochs,
-                                 loss=f"{loss:.4g}")
-            if checkpoint_freq and self.epoch % checkpoint_freq == 0:
-                self.store.save_epoch(self.epoch, *self._capture())
+            close_epoch(self, record, text, epochs, started, checkpoint_freq,
+                        capture=self._capture, loss=f"{loss:.4g}")
         if self.plot_file:
             self.plot(self.plot_file)
 

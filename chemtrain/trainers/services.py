@@ -331,12 +331,15 @@ def init_state(strategy, init_params, optimizer):
 
 
 def close_epoch(trainer, record: dict, text: str, epochs_bar, started: float,
-                checkpoint_freq: int | None, **postfix) -> None:
+                checkpoint_freq: int | None, capture: Callable | None = None,
+                **postfix) -> None:
     """End an epoch of ``trainer`` (which has ``strategy``, ``reporter``,
     ``store``, ``history`` and ``epoch``): the slowest process's time, the
-    history, the report and, every ``checkpoint_freq`` epochs, a checkpoint."""
+    history, the report and, every ``checkpoint_freq`` epochs, a checkpoint
+    of ``capture()`` (default: the store's capture of the trainer)."""
     record["time_s"] = trainer.strategy.host_max(time.perf_counter() - started)
     trainer.history.append(record)
     trainer.reporter.report(record, f"{text} ({record['time_s']:.2f} s)", epochs_bar, **postfix)
     if checkpoint_freq and trainer.epoch % checkpoint_freq == 0:
-        trainer.store.save_epoch(trainer.epoch, *trainer.store.capture(trainer))
+        trees, meta = capture() if capture is not None else trainer.store.capture(trainer)
+        trainer.store.save_epoch(trainer.epoch, trees, meta)
