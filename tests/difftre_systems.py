@@ -79,3 +79,36 @@ def record_updates(trainer):
         return result
     trainer._update = recorded
     return records
+
+
+def overflowing_lj(**kwargs):
+    """DifftreParallel on 128 Lennard-Jones particles started on a lattice
+    with a neighbor list of no spare capacity and no retries: state point 1
+    (argon at 120 K) overflows its list, state point 0 (1 K and a huge mass:
+    frozen in place) does not."""
+    from chemtrain.models.pair import lennard_jones_template
+    from chemtrain.units import kT
+    n, r_cut = 128, 0.9
+    box = (n / 21.0) ** (1 / 3)
+    displacement, shift = space.periodic(box)
+    per = int(np.ceil(n ** (1 / 3)))
+    grid = np.stack(np.meshgrid(*[np.arange(per)] * 3, indexing="ij"), -1).reshape(-1, 3)[:n]
+    lattice = (grid + 0.5) * box / per
+    rdf_bins = quantity.rdf_discretization(0.85, 130, 0.2)
+    args = dict(
+        key=jax.random.PRNGKey(0), init_params={"sigma": jnp.asarray(0.34),
+                                                "epsilon": jnp.asarray(0.99)},
+        optimizer=optax.sgd(1e-3), energy_fn_template=lennard_jones_template(displacement, r_cut),
+        simulator_template=functools.partial(simulate.nvt_langevin, shift_fn=shift, dt=0.01,
+                                             kT=kT(120.0), gamma=5.0),
+        neighbor_fn=partition.neighbor_list(displacement, box, r_cut, dr_threshold=0.05,
+                                            capacity_multiplier=1.0,
+                                            format=partition.NeighborListFormat.Sparse),
+        timings=process_printouts(0.01, 1.0, 0.5, 0.1),
+        state_kwargs={"kT": np.array([kT(1.0), kT(120.0)]), "mass": np.array([1e6, 39.95])},
+        quantities={"rdf": quantity.rdf(displacement, rdf_bins, box=box)},
+        targets={"rdf": {"target": np.ones((2, 130))}},
+        reference_states=np.broadcast_to(lattice, (2, n, 3)), sim_batch_size=-1,
+        max_neighbor_retries=0, progress=False)
+    args.update(kwargs)
+    return DifftreParallel(**args)

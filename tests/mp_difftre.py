@@ -12,7 +12,9 @@ stdout pipe, whose lines can interleave). Cases:
   three      on 3 ranks: sim_batch_size -1 (state points split 2/1/1), and
              sim_batch_size 2 below the world size
   devices    two visible JAX devices per rank
-  fail       rank 1 raises in the middle of update 2 (the job must end)
+  fail       state point 1 (rank 1) overflows its neighbor list with no retries
+             left (every rank must raise); then rank 1 raises in the middle of
+             update 2 (the job must end)
 """
 import argparse
 import json
@@ -37,7 +39,7 @@ def main():
     import optax
     from mpi4py import MPI
 
-    from difftre_systems import bonded_pair, record_updates
+    from difftre_systems import bonded_pair, overflowing_lj, record_updates
 
     rank = MPI.COMM_WORLD.rank
     out = args.out
@@ -134,6 +136,8 @@ def main():
         outcome("devices", lambda: bonded_pair(4, sim_batch_size=2, parallelism="mpi"))
         outcome("devices_auto", lambda: bonded_pair(4, sim_batch_size=2))
     elif args.case == "fail":
+        tr = overflowing_lj(parallelism="mpi", checkpoint_path=folder("overflow"))
+        outcome("overflow", tr.initialize_trajstates)
         tr = bonded_pair(4, sim_batch_size=2, parallelism="mpi", checkpoint_path=folder("fail"))
         tr.initialize_trajstates()
         loss_and_grad = tr._loss_and_grad

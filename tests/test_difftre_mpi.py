@@ -184,7 +184,7 @@ def test_bad_input_is_an_error_on_every_rank(main_run, tmp_path_factory):
             assert "CUDA_VISIBLE_DEVICES" in e["message"]
 
 
-def test_a_rank_raising_mid_update_ends_every_rank(tmp_path):
+def test_a_failing_rank_ends_or_fails_every_rank(tmp_path):
     rc, out, _ = mp.mpirun(2, [SCRIPT, "--case", "fail", "--out", str(tmp_path)], timeout=300)
     seconds = time.time() - float((tmp_path / "fail_time_1.txt").read_text())
     assert rc != 0
@@ -193,3 +193,9 @@ def test_a_rank_raising_mid_update_ends_every_rank(tmp_path):
     assert 'File "' in out and "in failing" in out  # rank 1's traceback
     assert "raised by process 1 while computing update 2" in out  # what rank 0 reports
     assert seconds < 60, seconds
+    # before that, state point 1 overflowed on rank 1: both ranks raised its error
+    errors = read(tmp_path, "overflow")
+    for rank, e in enumerate(errors):
+        assert e["type"] == "NeighborListOverflowError", e
+        assert "state point 1" in e["message"] and "max_neighbor_retries=0" in e["message"], e
+    assert "raised by process 1" in errors[0]["message"]
