@@ -114,21 +114,29 @@ def edge_vectors(displacement_fn: Callable | None, positions, neighbor, box=None
         if perturbation is not None:
             vec = _transform(perturbation, vec)
         return sc, rc, vec, real
-    from jax_md import partition
     if displacement_fn is None:
         raise ValueError("A jax-md neighbor list needs a displacement function; this energy "
                          "function was built without one (precomputed graphs only).")
-    idx = neighbor.idx
-    if partition.is_sparse(neighbor.format):
-        r, s = idx[0], idx[1]
-    else:
-        r = jnp.broadcast_to(jnp.arange(n)[:, None], idx.shape).reshape(-1)
-        s = idx.reshape(-1)
+    r, s, _ = neighbor_pairs(neighbor, n)
     real = (r < n) & (s < n) & (r != s)
     rc, sc = jnp.minimum(r, n - 1), jnp.minimum(s, n - 1)
     kw = {k: v for k, v in (("box", box), ("perturbation", perturbation)) if v is not None}
     vec = jax.vmap(lambda a, b: displacement_fn(a, b, **kw))(positions[rc], positions[sc])
     return sc, rc, vec, real
+
+
+def neighbor_pairs(neighbor, n_atoms: int):
+    """Return (i, j, weight) arrays of a Dense, Sparse or OrderedSparse jax-md
+    neighbor list (i: ``idx[0]`` or the row); ``weight`` is 1/2 for lists
+    that store each pair twice (see :func:`pair_weight`)."""
+    from jax_md import partition
+    idx = neighbor.idx
+    if partition.is_sparse(neighbor.format):
+        i, j = idx[0], idx[1]
+    else:
+        i = jnp.broadcast_to(jnp.arange(n_atoms)[:, None], idx.shape).reshape(-1)
+        j = idx.reshape(-1)
+    return i, j, pair_weight(neighbor)
 
 
 def pair_weight(neighbor) -> float:

@@ -14,7 +14,8 @@ import pytest
 from jax_md import partition, simulate, space
 
 from chemtrain.learn import difftre as dt
-from chemtrain.models.pair import lennard_jones_template, neighbor_pairs
+from chemtrain.models.pair import lennard_jones_template
+from chemtrain.neighbors import neighbor_pairs
 from chemtrain.units import kT as kT_of
 
 N, DENSITY, R_CUT = 128, 21.0, 0.9

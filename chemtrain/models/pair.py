@@ -18,20 +18,6 @@ import jax.numpy as jnp
 from ..neighbors import edge_vectors, pair_weight
 
 
-def neighbor_pairs(neighbor, n_atoms: int):
-    """Return (i, j, weight) arrays of a Dense, Sparse or OrderedSparse
-    neighbor list; ``weight`` is 1/2 for lists that store each pair twice."""
-    from jax_md import partition
-    idx = neighbor.idx
-    if partition.is_sparse(neighbor.format):
-        i, j = idx[0], idx[1]
-    else:
-        i = jnp.broadcast_to(jnp.arange(n_atoms)[:, None], idx.shape).reshape(-1)
-        j = idx.reshape(-1)
-    weight = 1.0 if neighbor.format is partition.NeighborListFormat.OrderedSparse else 0.5
-    return i, j, weight
-
-
 def pair_energy(pair_fn: Callable, displacement_fn: Callable, positions, neighbor,
                 **displacement_kwargs):
     """Sum ``pair_fn(r)`` over the real edges of a jax-md neighbor list or a

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..models.pair import neighbor_pairs
+from ..neighbors import neighbor_pairs
 from ._common import displacement_kwargs, snapshot_box, volume
 
 _WINDOW = 6.0  # Gaussian kernels are cut at this many standard deviations
