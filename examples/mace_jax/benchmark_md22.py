@@ -30,9 +30,11 @@ import time
 
 import numpy as np
 
+from chemtrain.finetune import data as ftdata, model as ftmodel  # (reader, model builder)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import finetune_md22 as ft  # noqa: E402  (data readers and the model builder)
+STANDIN = os.path.join(HERE, "nanotube_standin.npz")
+NM = ftdata.LENGTH
 
 
 def parse_args(argv=None):
@@ -40,7 +42,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--runs", default="single:1,jax:2,mpi:2",
                    help="comma-separated METHOD:COUNT, METHOD in single, jax, mpi")
-    p.add_argument("--data", default=ft.STANDIN, help="MD22 .npz (the stand-in by default)")
+    p.add_argument("--data", default=STANDIN, help="MD22 .npz (the stand-in by default)")
     p.add_argument("--hdf5", action="store_true",
                    help="convert --data to HDF5 once and train from the file (HDF5ParallelDataLoader)")
     p.add_argument("--train", type=int, default=16, help="structures per epoch")
@@ -74,7 +76,7 @@ def build(args):
     from jax_md import partition, space
     from chemtrain.models import mace
     dtype = np.float64 if args.float64 else np.float32
-    data = ft.read_npz(args.data)
+    data = {k: ftdata.read(args.data)[k] for k in ("R", "U", "F", "species")}
     data = {k: v[:args.train] for k, v in data.items()}
     n_real = data["R"].shape[1]
     if args.pad_atoms:
@@ -87,14 +89,15 @@ def build(args):
     data = {k: (v.astype(dtype) if v.dtype.kind == "f" else v) for k, v in data.items()}
     R = data["R"][:, :n_real]
     d = np.linalg.norm(R[:, :, None] - R[:, None], axis=-1)
-    pairs = ((d < args.r_max * ft.NM) & (d > 0)).sum((1, 2))
+    pairs = ((d < args.r_max * NM) & (d > 0)).sum((1, 2))
     displacement, _ = space.free()
-    neighbor_fn = partition.neighbor_list(displacement, 1000.0, args.r_max * ft.NM, dr_threshold=0.0,
+    neighbor_fn = partition.neighbor_list(displacement, 1000.0, args.r_max * NM, dr_threshold=0.0,
                                           capacity_multiplier=args.capacity_multiplier,
                                           format=partition.Sparse, disable_cell_list=True)
     nbrs = neighbor_fn.allocate(jnp.asarray(data["R"][int(np.argmax(pairs))]))
-    cfg = ft.mace_mp_config([1, 6], args.channels, args.max_ell, args.correlation, args.r_max,
-                            avg_num_neighbors=float(pairs.mean()) / n_real, scale=1.0)
+    cfg = ftmodel.random_config([1, 6], float(pairs.mean()) / n_real, 1.0,
+                                num_channels=args.channels, max_ell=args.max_ell,
+                                correlation=args.correlation, r_max=args.r_max)
     params = mace.init_params(cfg, jax.random.PRNGKey(0), dtype)
     info = {"n_atoms": n_real, "padded_atoms": args.pad_atoms, "pairs_max": int(pairs.max()),
             "neighbor_capacity": int(nbrs.idx.shape[1]),
@@ -117,7 +120,9 @@ def worker(args) -> None:
                                 checkpoint_path=tmp, gammas={"U": 1e-6, "F": 1.0})
         if args.hdf5:
             rows = np.arange(args.train)
-            trainer.set_loader(ft.hdf5_training_loader(args.hdf5_path, rows, data["R"].dtype), "training")
+            from chemtrain.data import HDF5ParallelDataLoader
+            trainer.set_loader(HDF5ParallelDataLoader(args.hdf5_path, rows=rows,
+                                                      dtype=data["R"].dtype), "training")
         else:
             trainer.set_dataset(data, "training")
         own = []  # this process's wall time per epoch

@@ -1,0 +1,486 @@
+"""Accuracy and wall time: chemtrain against mace-torch's own trainer, same job.
+
+    .venv/bin/python benchmarks/accuracy_vs_mace_torch.py                 # defaults below
+    .venv/bin/python benchmarks/accuracy_vs_mace_torch.py --epochs 2      # quick end-to-end check
+
+Trains the MACE of chemtrain's main job (``examples/mace_jax/finetune_md22.py``,
+``mace_mp_config``) from scratch twice on the same data, split, architecture,
+batch size and number of optimizer steps: with chemtrain and with mace-torch's
+``mace_run_train`` (float32, CPU). Both trained models are then measured on the
+same test structures by the same code (``summary`` of ``finetune_md22.py``:
+energy error per atom in eV/atom, force-component errors in eV/A), and the
+script prints both tables, both wall times and the ratio of our test force
+RMSE to mace-torch's (target <= 1.1), then one JSON line with all figures.
+
+Data: ``--data`` (default the nanotube stand-in, MD22 format: R Angstrom, z,
+E kcal/mol, F kcal/mol/A; 1 kcal/mol = 1/23.060547830619 eV) is copied into
+``--work`` and split at random (``--seed``; ``--train/--valid/--test``, default
+60/10/50). The split is written as ``train.xyz``, ``valid.xyz`` and
+``test.xyz`` (extxyz, ``info['REF_energy']`` eV, ``arrays['REF_forces']`` eV/A,
+no cell, pbc False: mace-torch then builds its graphs in free space), which
+go to both tools, and, while chemtrain's side is driven by the example script,
+also as ``split.npz`` in MD22 format, its frames ordered so that the example's
+own seeded permutation gives back exactly the same train/valid/test frames
+(checked against the ``test_rows`` it writes).
+
+Architecture (both sides): ScaleShiftMACE, 2 x RealAgnosticResidualInteractionBlock
+(also the first), hidden irreps 8x0e, spherical harmonics up to l = 1,
+correlation 2, r_max 4 A, 10 Bessel functions, polynomial cutoff p = 5,
+radial MLP [64, 64, 64], MLP irreps 16x0e, non-linear last readout,
+avg_num_neighbors from the training data, scale = RMS training force
+component, shift 0, E0s by least squares on the training energies
+(mace-torch ``--E0s average``). The mace_run_train flags that give exactly this:
+``--model ScaleShiftMACE --interaction RealAgnosticResidualInteractionBlock
+--interaction_first RealAgnosticResidualInteractionBlock --num_channels 8
+--max_L 0 --max_ell 1 --correlation 2 --r_max 4.0 --num_interactions 2
+--num_radial_basis 10 --num_cutoff_basis 5 --radial_MLP "[64, 64, 64]"
+--MLP_irreps 16x0e --gate silu --mean 0.0 --std <RMS force>``. In
+mace-torch ``--max_L`` is the L of the hidden irreps (0: scalars only) and
+``--max_ell`` the degree of the edge spherical harmonics (chemtrain's
+``max_ell``). ``--model MACE`` would silently replace a residual first
+interaction by RealAgnosticInteractionBlock, and ``--model ScaleShiftMACE``
+without ``--mean/--std`` sets the shift to the mean per-atom energy, hence
+ScaleShiftMACE with ``--mean 0 --std`` (the RMS force computed here as both
+tools compute it: sqrt of the mean squared training force component).
+
+Optimizer: same batch size, epochs (so the same 30 steps per epoch) and
+learning rate (1e-2, also mace-torch's default); each tool's own defaults
+otherwise. chemtrain's main job: Adam (no AMSGrad, no weight decay, no
+gradient clipping), cosine decay of the learning rate to 5 % over the run,
+no EMA, reports the last epoch, refits the E0s to the trained model's
+residual on 32 training structures before testing. mace-torch's defaults
+that differ: Adam with ``amsgrad=True``, weight decay 5e-7 (L2, on the
+interaction weights), ``ReduceLROnPlateau`` (factor 0.8, patience 50 epochs:
+a constant learning rate over runs this short), gradient-norm clipping at
+10, no EMA, no Stage Two; and it keeps the checkpoint of the epoch with the
+lowest validation loss. ``--save_all_checkpoints`` is passed so that its
+final model is that of the last epoch, the same number of steps as ours
+(``--mace-best`` evaluates its usual best-validation model instead).
+
+Losses. chemtrain (per structure, averaged over the batch):
+    L_ct = gamma_U dU^2 + gamma_F <dF_c^2>,
+dU the energy error of the structure in kJ/mol, <dF_c^2> the mean squared
+force component error in (kJ/mol/nm)^2; main job gamma_U = 1e-3, gamma_F = 1.
+mace-torch's "weighted" loss:
+    L_mt = w_E (dE / N)^2 + w_F <dF_c^2>,
+dE in eV, N atoms, forces in eV/A. With dU = k dE, k = 96.485 kJ/mol/eV,
+and force factor k / 0.1 nm/A = 10 k:
+    L_ct = gamma_U k^2 N^2 (dE/N)^2 + gamma_F 100 k^2 <dF_c^2>
+         = 100 k^2 gamma_F [ (gamma_U N^2 / (100 gamma_F)) (dE/N)^2 + <dF_c^2> ],
+so the same loss up to a constant factor (immaterial to Adam) needs
+    w_E / w_F = gamma_U N^2 / (100 gamma_F)   (= 1.369 for N = 370, gamma_U = 1e-3).
+This script keeps mace-torch's default ``--forces_weight 100`` and passes
+``--energy_weight 100 * 1.369 = 136.9``; chemtrain's side gets gamma_U back
+from the two weights (the finetune CLI takes them as they are).
+
+Timing on a shared machine: torch's OpenMP threads (one per core) degrade
+badly when other jobs hold the cores. On the 2-core project machine at load
+average 3-5, mace_run_train's epochs took 62-169 s with torch's default
+threads and 12-13 s with ``--torch-threads 1`` (OMP_NUM_THREADS=1); chemtrain's
+took 34-44 s (first epoch 72 s, compiling). The fastest epoch of each side
+(printed) is the least loaded figure. mace-torch is also not bit-reproducible
+on CPU: two runs with the same seed and files agreed for 2 epochs and then
+drifted apart (test force RMSE 0.253 and 0.281 eV/A after 5 epochs).
+
+Output: the chemtrain run's folder (``--work``/chemtrain), mace-torch's
+(``--work``/mace_torch, log in logs/), and ``--work``/result.json. Both tools
+run one after the other in their own process on the same cores; wall times
+are whole runs (start-up, data, statistics, compilation, training, their own
+evaluations).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(REPO, "examples", "mace_jax", "finetune_md22.py")
+sys.path.insert(0, os.path.dirname(EXAMPLE))
+import finetune_md22 as ex  # noqa: E402  (summary, units, mace_mp_config)
+
+KCAL_PER_EV = 23.060547830619
+MACE_RUN_TRAIN = os.path.join(os.path.dirname(sys.executable), "mace_run_train")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--data", default=ex.STANDIN, help="MD22-format .npz")
+    p.add_argument("--train", type=int, default=60)
+    p.add_argument("--valid", type=int, default=10)
+    p.add_argument("--test", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0, help="split, initialisation, shuffling")
+    p.add_argument("--epochs", type=int, default=ex.parse_args([]).epochs)
+    p.add_argument("--batch", type=int, default=ex.parse_args([]).batch)
+    p.add_argument("--lr", type=float, default=1e-2, help="chemtrain's default from scratch")
+    p.add_argument("--gamma-u", type=float, default=ex.parse_args([]).energy_weight,
+                   help="chemtrain's energy weight (kJ/mol)^2 against forces (kJ/mol/nm)^2; "
+                        "mace-torch's --energy_weight is derived from it")
+    p.add_argument("--forces-weight", type=float, default=100.0, help="mace-torch's --forces_weight")
+    p.add_argument("--channels", type=int, default=8)
+    p.add_argument("--max-ell", type=int, default=1)
+    p.add_argument("--correlation", type=int, default=2)
+    p.add_argument("--r-max", type=float, default=4.0)
+    p.add_argument("--chemtrain-side", choices=["example", "cli"], default="example",
+                   help="drive chemtrain with examples/mace_jax/finetune_md22.py or "
+                        "python -m chemtrain.finetune")
+    p.add_argument("--mace-best", action="store_true",
+                   help="evaluate mace-torch's best-validation checkpoint (its default) instead "
+                        "of its last epoch")
+    p.add_argument("--torch-threads", type=int, default=None,
+                   help="OMP_NUM_THREADS for mace_run_train (default: torch's own, one per core); "
+                        "1 on a machine shared with other jobs, see the docstring")
+    p.add_argument("--work", default="/tmp/accuracy_vs_mace_torch", help="work folder (its chemtrain/ and mace_torch/ are replaced)")
+    return p.parse_args(argv)
+
+
+# -- data -------------------------------------------------------------------------
+def write_split(args) -> dict:
+    """Copy the data into the work folder, split it and write the three
+    extxyz files (and the MD22-format split.npz for the example script)."""
+    from ase import Atoms
+    from ase.io import write
+    os.makedirs(args.work, exist_ok=True)
+    src = os.path.join(args.work, "data.npz")
+    shutil.copyfile(args.data, src)   # a snapshot: the source may be rewritten meanwhile
+    sha = hashlib.sha256(open(src, "rb").read()).hexdigest()
+    f = np.load(src)
+    R, z, E, F = f["R"], f["z"].astype(int), f["E"].reshape(len(f["R"])), f["F"]
+    need = args.train + args.valid + args.test
+    if need > len(R):
+        raise SystemExit(f"{need} structures asked for, {args.data} holds {len(R)}")
+    order = np.random.default_rng(args.seed).permutation(len(R))[:need]
+    rows = {"train": order[:args.train], "valid": order[args.train:args.train + args.valid],
+            "test": order[args.train + args.valid:]}
+    files = {"rows": {k: v.tolist() for k, v in rows.items()}, "sha256": sha, "n_atoms": len(z)}
+    for name, r in rows.items():
+        frames = []
+        for i in r:
+            a = Atoms(numbers=z, positions=R[i], pbc=False)
+            a.info["REF_energy"] = float(E[i]) / KCAL_PER_EV
+            a.arrays["REF_forces"] = F[i] / KCAL_PER_EV
+            frames.append(a)
+        files[name] = os.path.join(args.work, f"{name}.xyz")
+        write(files[name], frames, format="extxyz")
+    # split.npz: frame perm[j] holds the j-th structure of train+valid+test, so
+    # that finetune_md22.py's rng(seed).permutation(need) = perm picks them back
+    perm = np.random.default_rng(args.seed).permutation(need)
+    picked = np.empty(need, int)
+    picked[perm] = order
+    files["npz"] = os.path.join(args.work, "split.npz")
+    np.savez(files["npz"], R=R[picked], z=f["z"], E=f["E"].reshape(-1, 1)[picked], F=F[picked])
+    files["npz_test_rows"] = perm[args.train + args.valid:].tolist()
+    return files
+
+
+def read_xyz(path):
+    """Positions (A), atomic numbers, energies (eV), forces (eV/A) of an extxyz file."""
+    from ase.io import read
+    frames = read(path, index=":", format="extxyz")
+    return (frames, np.array([a.info["REF_energy"] for a in frames]),
+            np.stack([a.arrays["REF_forces"] for a in frames]))
+
+
+def as_chemtrain_units(frames, energies_eV, forces_eV_A):
+    """What ``finetune_md22.summary`` expects: R nm, U kJ/mol, F kJ/mol/nm."""
+    return {"R": np.stack([a.positions for a in frames]) * ex.NM,
+            "U": np.asarray(energies_eV) * ex.EV,
+            "F": np.asarray(forces_eV_A) * (ex.EV / ex.NM),
+            "species": np.stack([a.numbers for a in frames])}
+
+
+def loss_weights(args, n_atoms):
+    """mace-torch's (energy_weight, forces_weight) for chemtrain's gamma_U, gamma_F = 1
+    (derivation in the module docstring)."""
+    ratio = args.gamma_u * n_atoms ** 2 / 100.0
+    return args.forces_weight * ratio, args.forces_weight
+
+
+# -- chemtrain ----------------------------------------------------------------------
+def run_chemtrain(files, args) -> dict:
+    """Train with chemtrain; return {"before": S, "after": S, "wall_s": ...}."""
+    return (run_chemtrain_cli if args.chemtrain_side == "cli" else run_chemtrain_example)(files, args)
+
+
+def run_chemtrain_example(files, args) -> dict:
+    out = os.path.join(args.work, "chemtrain")
+    shutil.rmtree(out, ignore_errors=True)
+    w_e, w_f = loss_weights(args, files["n_atoms"])
+    gamma_u = w_e / w_f * 100.0 / files["n_atoms"] ** 2      # = args.gamma_u
+    cmd = [sys.executable, EXAMPLE, "--data", files["npz"], "--train", str(args.train),
+           "--valid", str(args.valid), "--test", str(args.test), "--seed", str(args.seed),
+           "--channels", str(args.channels), "--max-ell", str(args.max_ell),
+           "--correlation", str(args.correlation), "--r-max", str(args.r_max),
+           "--batch", str(args.batch), "--epochs", str(args.epochs), "--lr", str(args.lr),
+           "--energy-weight", repr(gamma_u), "--parallelism", "single", "--out", out]
+    res = _run(cmd, os.path.join(args.work, "chemtrain.log"))
+    with open(os.path.join(out, "results.json")) as fh:
+        results = json.load(fh)
+    if results["test_rows"] != files["npz_test_rows"]:
+        raise SystemExit("the example script tested on other structures than test.xyz")
+    m = re.search(r"(\d+) parameters", res["stdout"])
+    return {"before": results["before"], "after": results["after"], "wall_s": res["wall_s"],
+            "train_loop_s": _epoch_seconds(out), "epoch_s": _epoch_times(out),
+            "n_params_reported": int(m.group(1)) if m else None,
+            "load_end": res["load_end"], "command": cmd}
+
+
+def run_chemtrain_cli(files, args) -> dict:
+    """The same through ``python -m chemtrain.finetune`` (mace-torch-like flags)."""
+    out = os.path.join(args.work, "chemtrain")
+    shutil.rmtree(out, ignore_errors=True)
+    w_e, w_f = loss_weights(args, files["n_atoms"])
+    cmd = [sys.executable, "-m", "chemtrain.finetune", "--train_file", files["train"],
+           "--valid_file", files["valid"], "--test_file", files["test"],
+           "--energy_key", "REF_energy", "--forces_key", "REF_forces",
+           "--num_channels", str(args.channels), "--max_L", "0", "--max_ell", str(args.max_ell),
+           "--correlation", str(args.correlation), "--r_max", str(args.r_max),
+           "--num_interactions", "2", "--num_radial_basis", "10", "--num_cutoff_basis", "5",
+           "--energy_weight", repr(w_e), "--forces_weight", repr(w_f),
+           "--batch_size", str(args.batch), "--max_num_epochs", str(args.epochs),
+           "--lr", str(args.lr), "--seed", str(args.seed), "--default_dtype", "float32",
+           "--E0s", "average", "--results_dir", out]
+    res = _run(cmd, os.path.join(args.work, "chemtrain.log"), cwd=REPO)
+    with open(os.path.join(out, "results.json")) as fh:
+        results = json.load(fh)
+    return {"before": results.get("before"), "after": results["after"], "wall_s": res["wall_s"],
+            "train_loop_s": _epoch_seconds(out), "epoch_s": _epoch_times(out),
+            "n_params_reported": None,
+            "load_end": res["load_end"], "command": cmd}
+
+
+def _epoch_times(out):
+    """The trainer's per-epoch times (training and validation) from metrics.jsonl."""
+    logs = glob.glob(os.path.join(out, "**", "metrics.jsonl"), recursive=True)
+    if not logs:
+        return []
+    records = [json.loads(line) for line in open(logs[0]) if line.strip()]
+    return [float(r["time_s"]) for r in records if "time_s" in r]
+
+
+def _epoch_seconds(out):
+    times = _epoch_times(out)
+    return float(sum(times)) if times else None
+
+
+def chemtrain_param_count(args, z) -> int:
+    """sum(p.size) of chemtrain's initial parameters for this architecture."""
+    import jax
+    from chemtrain.models import mace
+    cfg = ex.mace_mp_config(sorted(set(int(a) for a in z)), args.channels, args.max_ell,
+                            args.correlation, args.r_max, avg_num_neighbors=1.0, scale=1.0)
+    params = mace.init_params(cfg, jax.random.PRNGKey(args.seed), np.float32)
+    return int(sum(p.size for p in jax.tree.leaves(params)))
+
+
+# -- mace-torch ---------------------------------------------------------------------
+def run_mace_torch(files, args) -> dict:
+    work = os.path.join(args.work, "mace_torch")
+    shutil.rmtree(work, ignore_errors=True)
+    _, _, f_train = read_xyz(files["train"])
+    rms = float(np.sqrt(np.mean(f_train.astype(np.float64) ** 2)))   # as both tools compute it
+    w_e, w_f = loss_weights(args, files["n_atoms"])
+    cmd = [MACE_RUN_TRAIN, "--name", "mace", "--work_dir", work, "--seed", str(args.seed),
+           "--device", "cpu", "--default_dtype", "float32",
+           "--train_file", files["train"], "--valid_file", files["valid"],
+           "--test_file", files["test"], "--energy_key", "REF_energy", "--forces_key", "REF_forces",
+           "--E0s", "average",
+           "--model", "ScaleShiftMACE", "--interaction", "RealAgnosticResidualInteractionBlock",
+           "--interaction_first", "RealAgnosticResidualInteractionBlock",
+           "--num_channels", str(args.channels), "--max_L", "0", "--max_ell", str(args.max_ell),
+           "--correlation", str(args.correlation), "--r_max", str(args.r_max),
+           "--num_interactions", "2", "--num_radial_basis", "10", "--num_cutoff_basis", "5",
+           "--radial_MLP", "[64, 64, 64]", "--MLP_irreps", "16x0e", "--gate", "silu",
+           "--mean", "0.0", "--std", repr(rms),
+           "--loss", "weighted", "--energy_weight", repr(w_e), "--forces_weight", repr(w_f),
+           "--batch_size", str(args.batch), "--valid_batch_size", str(args.batch),
+           "--max_num_epochs", str(args.epochs), "--lr", str(args.lr)]
+    if not args.mace_best:
+        cmd.append("--save_all_checkpoints")
+    threads = {"OMP_NUM_THREADS": str(args.torch_threads)} if args.torch_threads else None
+    res = _run(cmd, os.path.join(args.work, "mace_torch.log"), env_extra=threads)
+    model_path = os.path.join(work, "mace.model")
+    logs = [p for p in glob.glob(os.path.join(work, "logs", "*.log")) if "debug" not in p]
+    log = open(logs[0]).read() if logs else res["stdout"]
+    return {"model": model_path, "wall_s": res["wall_s"], "rms_force": rms,
+            "train_loop_s": _log_span(log, "Started training", "Training complete"),
+            "epoch_s": _log_epoch_times(log),
+            "load_end": res["load_end"], "log": log, "command": cmd}
+
+
+def evaluate_mace_torch(model_path, files):
+    """Test (and training, for the E0 refit) predictions of mace-torch's model."""
+    import mace.calculators  # import mace before e3nn/torch.load (see NOTES.md)
+    import torch
+    model = torch.load(model_path, weights_only=False, map_location="cpu")  # our own file
+    n_params = int(sum(p.numel() for p in model.parameters()))
+    e0s = model.atomic_energies_fn.atomic_energies.detach().cpu().numpy().ravel().tolist()
+    calc = mace.calculators.MACECalculator(models=model, device="cpu", default_dtype="float32")
+
+    def predict(frames):
+        E, F = [], []
+        for a in frames:
+            a = a.copy()
+            a.calc = calc
+            E.append(a.get_potential_energy())   # includes the E0s
+            F.append(a.get_forces())
+        return np.array(E), np.stack(F)
+
+    t0 = time.perf_counter()
+    frames, e_ref, f_ref = read_xyz(files["test"])
+    e, f = predict(frames)
+    ref = as_chemtrain_units(frames, e_ref, f_ref)
+    pred = as_chemtrain_units(frames, e, f)
+    out = {"after": ex.summary(pred, ref), "n_params": n_params, "E0s": e0s}
+    # the same structures with the E0s refitted as chemtrain's example does
+    # before reporting (least squares of the residual on 32 training structures)
+    tr_frames, tr_e, _ = read_xyz(files["train"])
+    tr_frames, tr_e = tr_frames[:32], tr_e[:32]
+    tr_pred, _ = predict(tr_frames)
+    zs = sorted(set(int(x) for x in tr_frames[0].numbers))
+    counts = lambda fr: np.array([[np.sum(a.numbers == zz) for zz in zs] for a in fr], float)
+    delta, *_ = np.linalg.lstsq(counts(tr_frames), tr_e - tr_pred, rcond=None)
+    out["after_e0_refit"] = ex.summary(dict(pred, U=pred["U"] + counts(frames) @ delta * ex.EV), ref)
+    out["eval_s"] = time.perf_counter() - t0
+    return out
+
+
+def mace_log_test_rmse(log):
+    """mace-torch's own test-set RMSEs from its final table (meV/atom, meV/A), if found."""
+    if "Error-table on TEST" not in log:
+        return None
+    table = log.split("Error-table on TEST")[-1]
+    rows = [line for line in table.splitlines() if re.match(r"\|\s*\w", line)][1:2]
+    try:
+        cells = [c.strip() for c in rows[0].split("|") if c.strip()]
+        return {"energy_meV_per_atom": float(cells[1]), "force_meV_per_A": float(cells[2])}
+    except (IndexError, ValueError):
+        return None
+
+
+def _log_epoch_times(log):
+    """mace-torch's per-epoch times (training and validation): differences of the
+    time stamps of its 'Initial:' and 'Epoch N:' validation lines."""
+    import datetime
+    stamps = [datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S.%f")
+              for line in log.splitlines() if re.search(r"INFO: (Initial|Epoch \d+):", line)]
+    return [(b - a).total_seconds() for a, b in zip(stamps, stamps[1:])]
+
+
+def _log_span(log, start, end):
+    """Seconds between the first log lines containing ``start`` and ``end``."""
+    import datetime
+    stamp = lambda key: next((datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S.%f")
+                              for line in log.splitlines() if key in line), None)
+    a, b = stamp(start), stamp(end)
+    return (b - a).total_seconds() if a and b else None
+
+
+# -- helpers ------------------------------------------------------------------------
+def _run(cmd, log_path, cwd=None, env_extra=None):
+    print("$ " + " ".join(f"'{c}'" if " " in c else c for c in cmd), flush=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env_extra or {}))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+    wall = time.perf_counter() - t0
+    with open(log_path, "w") as fh:
+        fh.write(proc.stdout)
+    if proc.returncode:
+        print(proc.stdout[-4000:])
+        raise SystemExit(f"{cmd[0]} failed ({proc.returncode}); log: {log_path}")
+    print(f"  {wall:.1f} s; load average at the end {os.getloadavg()[0]:.1f} "
+          f"({os.cpu_count()} cores)", flush=True)
+    return {"stdout": proc.stdout, "wall_s": wall, "load_end": os.getloadavg()[0]}
+
+
+def row(name, s, wall=None, loop=None):
+    e, f = s["energy_eV_per_atom"], s["force_eV_per_A"]
+    sec = lambda t: f"{t:8.1f}" if t is not None else " " * 8
+    return (f"{name:<38} {e['MAE']:10.5f} {e['RMSE']:10.5f} {f['MAE']:9.4f} {f['RMSE']:9.4f} "
+            f"{sec(wall)} {sec(loop)}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    files = write_split(args)
+    n_atoms = files["n_atoms"]
+    w_e, w_f = loss_weights(args, n_atoms)
+    print(f"{args.data} (sha256 {files['sha256'][:12]}): train {args.train}, valid {args.valid}, "
+          f"test {args.test}, seed {args.seed}; {n_atoms} atoms; batch {args.batch}, "
+          f"{args.epochs} epochs ({args.epochs * (args.train // args.batch)} steps), lr {args.lr}; "
+          f"gamma_U {args.gamma_u} -> mace-torch energy_weight {w_e:.4g}, forces_weight {w_f:.4g}",
+          flush=True)
+
+    ct = run_chemtrain(files, args)
+    mt = run_mace_torch(files, args)
+    ev = evaluate_mace_torch(mt["model"], files)
+    n_ct = chemtrain_param_count(args, np.load(files["npz"])["z"])
+
+    ratio = ct["after"]["force_eV_per_A"]["RMSE"] / ev["after"]["force_eV_per_A"]["RMSE"]
+    own = mace_log_test_rmse(mt["log"])
+    print()
+    print(f"Test set: {args.test} structures. Energies eV/atom, forces eV/A (components).")
+    print(f"{'':<38} {'E MAE':>10} {'E RMSE':>10} {'F MAE':>9} {'F RMSE':>9} {'wall s':>8} "
+          f"{'epochs s':>8}")
+    if ct.get("before"):
+        print(row("chemtrain, initial model", ct["before"]))
+    print(row("chemtrain", ct["after"], ct["wall_s"], ct.get("train_loop_s")))
+    print(row("mace-torch (mace_run_train)", ev["after"], mt["wall_s"], mt["train_loop_s"]))
+    print(row("mace-torch, E0s refitted as chemtrain", ev["after_e0_refit"]))
+    print("wall s: the whole run; epochs s: its training epochs with their validation passes "
+          "(chemtrain: sum of metrics.jsonl time_s; mace-torch: log time from 'Started training' "
+          "to 'Training complete', including its initial validation)")
+    fmt = lambda ts: ", ".join(f"{t:.1f}" for t in ts)
+    print(f"seconds per epoch (30 steps of {args.batch} + validation; the first compiles in "
+          f"chemtrain): chemtrain [{fmt(ct.get('epoch_s', []))}], mace-torch "
+          f"[{fmt(mt['epoch_s'])}]; on a shared machine the fastest epoch is the least loaded")
+    print(f"parameters: chemtrain {n_ct}" +
+          (f" (run reports {ct['n_params_reported']})" if ct.get("n_params_reported") else "") +
+          f", mace-torch {ev['n_params']}")
+    if own:
+        print(f"mace-torch's own test table: energy RMSE {own['energy_meV_per_atom']} meV/atom, "
+              f"force RMSE {own['force_meV_per_A']} meV/A (ours above: "
+              f"{1e3 * ev['after']['energy_eV_per_atom']['RMSE']:.1f}, "
+              f"{1e3 * ev['after']['force_eV_per_A']['RMSE']:.1f})")
+    print(f"force RMSE chemtrain / mace-torch: {ratio:.3f} (target <= 1.1: "
+          f"{'met' if ratio <= 1.1 else 'NOT met'})")
+
+    result = {"cores": os.cpu_count(), "data": args.data, "data_sha256": files["sha256"], "seed": args.seed,
+              "train": args.train, "valid": args.valid, "test": args.test, "batch": args.batch,
+              "epochs": args.epochs, "steps": args.epochs * (args.train // args.batch),
+              "lr": args.lr, "gamma_U": args.gamma_u, "mace_energy_weight": w_e,
+              "mace_forces_weight": w_f, "chemtrain_side": args.chemtrain_side,
+              "mace_model": "best-validation" if args.mace_best else "last epoch",
+              "torch_threads": args.torch_threads,
+              "chemtrain": {"before": ct.get("before"), "after": ct["after"], "wall_s": ct["wall_s"],
+                            "train_loop_s": ct.get("train_loop_s"), "epoch_s": ct.get("epoch_s"),
+                            "n_params": n_ct,
+                            "load_end": ct.get("load_end"),
+                            "command": ct["command"]},
+              "mace_torch": {"after": ev["after"], "after_e0_refit": ev["after_e0_refit"],
+                             "wall_s": mt["wall_s"], "train_loop_s": mt["train_loop_s"], "epoch_s": mt["epoch_s"],
+                             "eval_s": ev["eval_s"],
+                             "load_end": mt["load_end"],
+                             "n_params": ev["n_params"], "E0s": ev["E0s"], "std": mt["rms_force"],
+                             "own_test_rmse": own, "command": mt["command"]},
+              "force_rmse_ratio": ratio, "target": 1.1, "target_met": ratio <= 1.1}
+    with open(os.path.join(args.work, "result.json"), "w") as fh:
+        json.dump(result, fh, indent=1)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

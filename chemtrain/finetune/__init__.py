@@ -1,0 +1,258 @@
+"""``chemtrain-finetune``: train or fine-tune MACE on any data set in one command.
+
+    chemtrain-finetune --train_file data.xyz --foundation_model mace.model \\
+        --trust_foundation_model --max_num_epochs 50 --results_dir runs/mine
+    python -m chemtrain.finetune --help
+
+mace-torch users will find ``mace_run_train``'s flags (see :mod:`.cli`). The
+job reads extxyz (any file ASE reads; keys chosen by ``--energy_key``,
+``--forces_key``, ``--stress_key``), MD22/sGDML ``.npz`` or chemtrain HDF5;
+splits it (or takes ``--valid_file``/``--test_file``); starts from a
+mace-torch ``.model``, a chemtrain ``.npz`` or a random MACE; sets E0s;
+trains with :class:`chemtrain.trainers.ForceMatching` under any
+``--parallelism`` (also under ``mpirun`` or ``jax.distributed``), with
+checkpoints and ``--restart_latest``; and writes into ``--results_dir``
+``metrics.jsonl`` (one line per epoch), ``parity.png``, ``results.json``
+and the model as chemtrain ``<name>.npz`` and mace-torch ``<name>.model``.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import sys
+
+import numpy as np
+
+from . import data as D
+from . import model as M
+from . import report as R
+from .cli import parse_args
+from .data import DataError
+
+log = logging.getLogger("chemtrain")
+
+__all__ = ["main", "run", "DataError"]
+
+
+def _check_folder(out: str, name: str, restart: bool) -> list[str]:
+    """Checkpoints to resume from; refuse a folder that holds another run."""
+    earlier = sorted(glob.glob(os.path.join(out, "checkpoints", "epoch_*.npz")))
+    if restart:
+        if not earlier:
+            raise DataError(f"--restart_latest: no checkpoint in {os.path.join(out, 'checkpoints')}; "
+                            f"run without it first.")
+        return earlier
+    theirs = earlier + [p for p in (os.path.join(out, f) for f in
+                                    ("results.json", "metrics.jsonl", f"{name}.npz", f"{name}.model"))
+                        if os.path.exists(p)]
+    if theirs:
+        raise DataError(f"{out!r} holds another run ({', '.join(os.path.basename(p) for p in theirs[:4])}"
+                        f"); nothing was changed. Continue it with --restart_latest, or choose "
+                        f"another --results_dir.")
+    return []
+
+
+def _load_sets(args, weights, dtype):
+    """(sets, hdf5 training loader or None, notes). ``sets`` hold the raw
+    training structures (all of them, or for HDF5 the columns needed for
+    statistics), and validation and test sets (None where there are none)."""
+    path = args.train_file
+    hdf5 = D.kind(path) == "hdf5"
+    if hdf5:
+        import h5py
+        if not os.path.exists(path):
+            raise DataError(f"{path!r} does not exist.")
+        with h5py.File(path, "r") as f:
+            n = len(f["R"])
+    else:
+        full = D.read(path, args.energy_key, args.forces_key, args.stress_key)
+        D.check_labels(full, path, weights)
+        n = len(full["R"])
+    rows = D.split(n, args, args.valid_file is not None, args.test_file is not None)
+    pick = (lambda r: D.read_hdf5(path, r)) if hdf5 else (lambda r: D.take(full, r))
+    sets = {"training": pick(rows["training"])}
+    if hdf5:
+        D.check_labels(sets["training"], path, weights)
+    for stage, flag in (("validation", args.valid_file), ("testing", args.test_file)):
+        if flag:
+            sets[stage] = D.read(flag, args.energy_key, args.forces_key, args.stress_key)
+            D.check_labels(sets[stage], flag, weights)
+        else:
+            sets[stage] = pick(rows[stage]) if len(rows[stage]) else None
+    return sets, rows, hdf5
+
+
+def run(argv=None) -> dict:
+    """Run the job; return what ``results.json`` holds. Raises
+    :class:`DataError` (bad flags or data) before anything is written."""
+    args = parse_args(argv)
+    import jax
+    if args.default_dtype == "float64":
+        jax.config.update("jax_enable_x64", True)
+    if args.jax_cache:
+        jax.config.update("jax_compilation_cache_dir", args.jax_cache)
+    import jax.numpy as jnp
+    import optax
+    from ..models import mace
+    from ..trainers import ForceMatching
+    dtype = np.float64 if args.default_dtype == "float64" else np.float32
+    out = args.results_dir
+    earlier = _check_folder(out, args.name, args.restart_latest)
+    weights = {"U": args.energy_weight, "F": args.forces_weight, "stress": args.stress_weight}
+    gammas = M.gammas(args)
+    sets, rows, hdf5 = _load_sets(args, weights, dtype)
+    train = sets["training"]
+    everything = [s for s in sets.values() if s is not None]
+    notes = []
+
+    # the starting model
+    if args.foundation_model:
+        cfg, params = M.load_foundation(args.foundation_model, args.trust_foundation_model)
+        for s in everything:
+            M.check_elements(cfg, s["species"], s["mask"], args.foundation_model)
+        notes.append(f"Fine-tuning {args.foundation_model}: {M.describe(cfg, params)}.")
+    sample = D.prepare(D.take(train, np.arange(min(32, len(train["R"])))),
+                       (cfg.r_max if args.foundation_model else args.r_max) * D.LENGTH, dtype, False)
+    if not args.foundation_model:
+        z = np.unique(np.concatenate([s["species"][s["mask"].astype(bool)] for s in everything]))
+        rms = float(np.sqrt(np.mean(train["F"][train["mask"].astype(bool)] ** 2))) / D.FORCE \
+            if "F" in train else 1.0
+        cfg = M.random_config(z.tolist(), D.mean_pairs(sample), rms,
+                              **{k: getattr(args, k) for k in M.SIZE_FLAGS})
+        params = mace.init_params(cfg, jax.random.PRNGKey(args.seed), dtype)
+        notes.append(f"No --foundation_model: a random MACE, {M.describe(cfg, params)}.")
+    params = jax.tree.map(lambda p: jnp.asarray(p, dtype), params)
+    cfg, e0_note = M.set_e0s(cfg, args.E0s, train, bool(args.foundation_model))
+    notes.append(e0_note)
+    r_max_nm = cfg.r_max * D.LENGTH
+
+    # the data the trainer sees: graphs everywhere but in an HDF5 training
+    # file of molecules without graphs (a jax-md list, built for free space)
+    nbrs_init, displacement = None, None
+    weights_keys = {"stress": "stress_weight"} if "stress" in gammas else {}
+    if hdf5:
+        import h5py
+        from ..data import HDF5ParallelDataLoader
+        with h5py.File(args.train_file, "r") as f:
+            file_keys = [k for k in D.KEEP if k in f]
+        if not all(k in file_keys for k in D.GRAPH_KEYS):
+            if "box" in file_keys:
+                raise DataError(
+                    f"{args.train_file!r} holds periodic cells but no graphs; write it with "
+                    f"stored graphs: chemtrain-convert SOURCE {args.train_file} --graph-cutoff "
+                    f"{r_max_nm:g} (nm), so that every periodic image within r_max is counted.")
+            from .. import neighbors
+            displacement, _ = neighbors.make_space(None)
+            nbrs_init = neighbors.neighbor_list(displacement, None, r_max_nm).allocate(
+                jnp.asarray(train["R"][int(np.argmax(train["mask"].sum(1)))], dtype))
+        if "U" in gammas:  # a per-atom energy loss through the mean 1/N^2 of the training rows
+            gammas["U"] *= float(np.mean(1.0 / train["mask"].sum(1) ** 2))
+        loader = HDF5ParallelDataLoader(args.train_file, keys=file_keys, rows=rows["training"],
+                                        dtype=dtype)
+        prep = lambda s: D.prepare(s, r_max_nm, dtype, False)  # noqa: E731
+    else:
+        if "U" in gammas:
+            weights_keys["U"] = "U_weight"
+        prep = lambda s: D.prepare(s, r_max_nm, dtype, True)  # noqa: E731
+    ready = {stage: (prep(s) if s is not None else None) for stage, s in sets.items()
+             if not (hdf5 and stage == "training")}
+    test_stage = "testing" if ready.get("testing") is not None else "validation"
+    if ready.get(test_stage) is None:
+        raise DataError("There is neither a test nor a validation set: give --test_file, "
+                        "--n_test or --test_fraction, or --valid_fraction above 0.")
+
+    n_train = len(rows["training"])
+    steps = max(args.max_num_epochs * (n_train // args.batch_size), 1)
+    optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, steps, alpha=0.05))
+    template = mace.energy_fn_template(cfg, displacement)
+    ckpt_dir = os.path.join(out, "checkpoints")
+    trainer = ForceMatching(params, optimizer, template, nbrs_init, batch=args.batch_size,
+                            parallelism=args.parallelism, gammas=gammas, weights_keys=weights_keys,
+                            checkpoint_path=ckpt_dir, log_file=os.path.join(out, "metrics.jsonl"),
+                            seed=args.seed)
+    root = trainer.strategy.is_root
+    say = print if root else (lambda *a, **k: None)
+    for note in notes:
+        say(note)
+    say(f"{args.train_file}: training on {n_train}, validating on "
+        f"{0 if ready['validation'] is None else len(ready['validation']['R'])}, testing on "
+        f"{len(ready[test_stage]['R'])} ({test_stage} set) structures; parallelism "
+        f"{args.parallelism!r} -> {trainer.strategy.name}, {trainer.strategy.n_shards} shard(s), "
+        f"global batch {args.batch_size}, {args.default_dtype}")
+    if hdf5:
+        trainer.set_loader(loader, "training")
+    else:
+        trainer.set_dataset(ready["training"], "training")
+    for stage in ("validation", "testing"):
+        if ready.get(stage) is not None:
+            trainer.set_dataset(ready[stage], stage)
+    if earlier:
+        trainer.restore(earlier[-1])
+        say(f"Resumed from {earlier[-1]} (epoch {trainer.epoch})")
+
+    test = ready[test_stage]
+
+    def measure():
+        s = R.summary(trainer.predict(test), test)
+        if "stress" in gammas:
+            st = trainer.evaluate(test_stage)["stress"]
+            s["stress_eV_per_A3"] = {k: v / D.STRESS for k, v in st.items()}
+        return s
+
+    pred_before = trainer.predict(test)
+    before = measure()
+    label = "starting model" if not earlier else f"restored model (epoch {trainer.epoch})"
+    say(R.line(label, before))
+    from tqdm.contrib.logging import logging_redirect_tqdm
+    with logging_redirect_tqdm():
+        trainer.train(max(args.max_num_epochs - trainer.epoch, 0),
+                      checkpoint_freq=args.checkpoint_every)
+    if trainer.epoch % args.checkpoint_every:
+        trainer.save_checkpoint(os.path.join(ckpt_dir, f"epoch_{trainer.epoch:05d}.npz"))
+    pred_after = trainer.predict(test)
+    after = measure()
+    say(R.line(f"trained (epoch {trainer.epoch})", after))
+    results = {"before": before, "after": after, "epoch": trainer.epoch, "test_set": test_stage,
+               "n_test": len(test["R"]), "test_rows": rows[test_stage].tolist()
+               if not (test_stage == "testing" and args.test_file) else None,
+               "parallelism": trainer.strategy.name, "n_shards": trainer.strategy.n_shards,
+               "train_file": args.train_file, "config": json.loads(cfg.to_json())}
+    if root:
+        plot = os.path.join(out, "parity.png")
+        R.parity_plot(plot, test, {label: pred_before, f"trained, epoch {trainer.epoch}":
+                                   pred_after}, f"{test_stage} set: {len(test['R'])} structures")
+        model_npz = os.path.join(out, f"{args.name}.npz")
+        mace.save(model_npz, cfg, trainer.params)
+        results["model_npz"] = model_npz
+        if not args.no_torch_export:
+            model_torch = os.path.join(out, f"{args.name}.model")
+            mace.export_mace_torch(cfg, trainer.params, model_torch)
+            results["model_torch"] = model_torch
+        with open(os.path.join(out, "results.json"), "w") as f:
+            json.dump(results, f, indent=1)
+        say(f"Parity plot: {plot}")
+        say(f"Model: {model_npz}" + (f" and {results['model_torch']}" if "model_torch" in results
+                                     else ""))
+        say("Load it in ASE:\n"
+            f"  from chemtrain.calculator import ChemtrainCalculator; "
+            f"atoms.calc = ChemtrainCalculator.from_mace({model_npz!r})"
+            + ("" if "model_torch" not in results else
+               f"\n  from mace.calculators import MACECalculator; atoms.calc = "
+               f"MACECalculator(model_paths={results['model_torch']!r}, device='cpu', "
+               f"default_dtype={args.default_dtype!r})"))
+    return results
+
+
+def main(argv=None) -> int:
+    """Console entry point: errors in the flags or the data end the job with
+    their message (exit code 2); nothing has been written then."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    logging.getLogger("jax").setLevel(logging.WARNING)
+    try:
+        run(argv)
+    except DataError as e:
+        print(f"chemtrain-finetune: error: {e}", file=sys.stderr)
+        return 2
+    return 0

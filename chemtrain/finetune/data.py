@@ -1,0 +1,201 @@
+"""Reading, splitting and preparing the data of ``chemtrain-finetune``.
+
+Every reader returns one dict of padded numpy arrays in chemtrain's units
+(nm, kJ/mol): ``R``, ``species``, ``mask``, ``natoms`` and, where the file
+has them, ``U``, ``F``, ``box`` (cell vectors as columns; zeros for
+structures without a cell), ``pbc`` (when periodicity differs), ``stress``
+and ``stress_weight``. In-memory sets get precomputed graphs (every periodic
+image within r_max, so cells of any size are exact); a jax-md neighbor list
+is used only for an HDF5 training file of molecules that has no graphs.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .. import units
+from ..data.convert import STRESS, ConversionError, _read_npz
+from ..neighbors import GRAPH_KEYS, add_graphs
+
+LENGTH, ENERGY = units.ANGSTROM_TO_NM, units.EV_TO_KJ_PER_MOL
+FORCE = ENERGY / LENGTH
+# what an energy function or the loss may see; anything else a file holds stays out
+KEEP = ("R", "species", "mask", "U", "F", "box", "stress", "stress_weight", *GRAPH_KEYS)
+
+
+class DataError(ValueError):
+    """The data cannot be trained on as asked; the message says how to fix it."""
+
+
+def kind(path: str) -> str:
+    ext = os.path.splitext(path)[1].lower()
+    return "hdf5" if ext in (".h5", ".hdf5") else "npz" if ext == ".npz" else "ase"
+
+
+def read(path: str, energy_key="REF_energy", forces_key="REF_forces",
+         stress_key="REF_stress") -> dict:
+    """All structures of ``path`` (see the module docstring)."""
+    if not os.path.exists(path):
+        raise DataError(f"{path!r} does not exist.")
+    k = kind(path)
+    if k == "npz":
+        with np.load(path, allow_pickle=False) as z:
+            files = z.files
+        if "R" not in files or "z" not in files:
+            raise DataError(f"{path!r} is not an MD22/sGDML .npz (keys R, z, E, F); it has "
+                            f"{files}. A chemtrain MACE model goes to --foundation_model.")
+        try:
+            d = _read_npz(path, LENGTH, units.KCAL_TO_KJ)
+        except (KeyError, ConversionError) as e:
+            raise DataError(str(e)) from None
+        d["mask"] = np.ones(d["R"].shape[:2], bool)
+        return d
+    if k == "hdf5":
+        return read_hdf5(path)
+    return _read_ase(path, energy_key, forces_key, stress_key)
+
+
+def read_hdf5(path: str, rows=None) -> dict:
+    """Datasets of a chemtrain HDF5 file (already nm and kJ/mol), all rows or ``rows``."""
+    import h5py
+    with h5py.File(path, "r") as f:
+        sel = slice(None) if rows is None else np.sort(np.asarray(rows))
+        d = {k: f[k][sel] for k in f.keys() if isinstance(f[k], h5py.Dataset)}
+    if rows is not None:
+        back = np.argsort(np.argsort(np.asarray(rows)))
+        d = {k: v[back] for k, v in d.items()}
+    if "R" not in d or "species" not in d:
+        raise DataError(f"{path!r} is not a chemtrain HDF5 file (datasets R, species, ...); "
+                        f"write one with chemtrain-convert.")
+    d.setdefault("mask", np.ones(d["R"].shape[:2], bool))
+    d["natoms"] = d["mask"].sum(1)
+    return d
+
+
+def _label(atoms, key, per_atom):
+    """A label of one structure: ``atoms.info``/``atoms.arrays`` under ``key``,
+    else the results of the calculator ASE attached (extxyz's own 'energy',
+    'forces', 'stress')."""
+    value = (atoms.arrays if per_atom else atoms.info).get(key)
+    if value is None and atoms.calc is not None:
+        value = getattr(atoms.calc, "results", {}).get(key)
+    return None if value is None else np.asarray(value, np.float64)
+
+
+def _stress3(s, i, path):
+    if s.shape == (6,):
+        from ase.stress import voigt_6_to_full_3x3_stress
+        s = voigt_6_to_full_3x3_stress(s)
+    s = s.reshape(3, 3) if s.size == 9 else s
+    if s.shape != (3, 3) or not np.isfinite(s).all():
+        raise DataError(f"Structure {i} of {path!r}: a stress is 6 (Voigt) or 9 finite numbers, "
+                        f"got {s.ravel().tolist()}.")
+    return s
+
+
+def _read_ase(path, energy_key, forces_key, stress_key) -> dict:
+    import ase.io
+    from ..data.dataset import pad_systems
+    try:
+        images = ase.io.read(path, index=":")
+    except Exception as e:  # noqa: BLE001 - ASE raises many kinds for unreadable files
+        raise DataError(f"ASE cannot read {path!r} ({type(e).__name__}: {e}); give an extxyz "
+                        f"(or any file ASE reads), an MD22 .npz or a chemtrain HDF5 file.") from e
+    if not images:
+        raise DataError(f"{path!r} holds no structures.")
+    systems, stresses = [], []
+    for i, a in enumerate(images):
+        e, f, s = (_label(a, energy_key, False), _label(a, forces_key, True),
+                   _label(a, stress_key, False))
+        row = {"R": a.get_positions() * LENGTH, "species": a.get_atomic_numbers().astype(np.int32),
+               "U": np.nan if e is None else float(e) * ENERGY,
+               "F": np.full((len(a), 3), np.nan) if f is None else f * FORCE,
+               "cell": np.asarray(a.cell.array).T * LENGTH, "pbc": np.asarray(a.pbc, bool)}
+        if f is not None and f.shape != (len(a), 3):
+            raise DataError(f"Structure {i} of {path!r}: {forces_key!r} has shape {f.shape}, "
+                            f"expected ({len(a)}, 3).")
+        stresses.append(None if s is None else _stress3(s, i, path) * STRESS)
+        systems.append(row)
+    d = pad_systems(systems, per_atom=("R", "F", "species"))
+    d["natoms"] = d["mask"].sum(1)
+    pbc, cell = d.pop("pbc"), d.pop("cell")
+    if pbc.any():
+        d["box"] = np.where(pbc.any(1)[:, None, None], cell, 0.0)
+        if not (pbc.all(1) | ~pbc.any(1)).all():
+            d["pbc"] = pbc
+    if any(s is not None for s in stresses):
+        d["stress"] = np.stack([np.zeros((3, 3)) if s is None else s for s in stresses])
+        d["stress_weight"] = np.array([float(s is not None) for s in stresses])
+    for key, name in (("U", energy_key), ("F", forces_key)):
+        missing = ~np.isfinite(d[key].reshape(len(d[key]), -1)[:, :1]).all(1)
+        if missing.all():
+            del d[key]
+        elif missing.any():
+            raise DataError(f"{path!r}: structures {np.nonzero(missing)[0][:10].tolist()} have no "
+                            f"{name!r} but others do; label every structure or none.")
+    d["_keys"] = {"U": energy_key, "F": forces_key, "stress": stress_key}
+    return d
+
+
+def check_labels(d: dict, path: str, weights: dict) -> None:
+    """Every target with a weight above 0 needs its labels."""
+    keys = d.get("_keys", {})
+    flag = {"U": "energy", "F": "forces", "stress": "stress"}
+    for target, w in weights.items():
+        if w <= 0:
+            continue
+        if target not in d or (target == "stress" and not d.get("stress_weight", np.ones(1)).any()):
+            where = (f" under the key {keys[target]!r} (choose it with --{flag[target]}_key)"
+                     if target in keys else "")
+            raise DataError(f"{path!r} has no {flag[target]}{where}, but --{flag[target]}_weight "
+                            f"is {w}. Give labelled data or pass --{flag[target]}_weight 0.")
+        bad = ~np.isfinite(d[target].reshape(len(d[target]), -1)).all(1)
+        if bad.any():
+            raise DataError(f"{path!r}: structures {np.nonzero(bad)[0][:10].tolist()} hold NaN "
+                            f"or inf in {flag[target]}.")
+
+
+def take(d: dict, rows) -> dict:
+    rows = np.asarray(rows)
+    return {k: (v[rows] if isinstance(v, np.ndarray) else v) for k, v in d.items()}
+
+
+def split(n: int, args, has_valid_file: bool, has_test_file: bool) -> dict:
+    """Rows of the training file per stage: a fixed random permutation
+    (``--seed``), test rows first taken, then validation, then training."""
+    def count(number, fraction, flag):
+        if number is not None:
+            return int(number)
+        if not 0.0 <= fraction < 1.0:
+            raise DataError(f"--{flag}_fraction must be in [0, 1), got {fraction}.")
+        return int(round(fraction * n))
+    n_test = 0 if has_test_file else count(args.n_test, args.test_fraction, "test")
+    n_valid = 0 if has_valid_file else count(args.n_valid, args.valid_fraction, "valid")
+    n_train = n - n_test - n_valid if args.n_train is None else int(args.n_train)
+    if min(n_test, n_valid) < 0 or n_train < 1 or n_train + n_valid + n_test > n:
+        raise DataError(f"{n_train} training + {n_valid} validation + {n_test} test structures "
+                        f"are asked for, but {args.train_file!r} holds {n}; ask for fewer "
+                        f"(--n_train, --n_valid, --n_test, --valid_fraction, --test_fraction).")
+    order = np.random.default_rng(args.seed).permutation(n)
+    return {"testing": order[:n_test], "validation": order[n_test:n_test + n_valid],
+            "training": order[n_test + n_valid:n_test + n_valid + n_train]}
+
+
+def prepare(d: dict, r_max_nm: float, dtype, energy_weighting: bool) -> dict:
+    """A set ready for the trainer: graphs, the training precision, the
+    per-structure energy weight 1/N^2 (a per-atom energy loss, as
+    mace-torch's), and only the keys the trainer should see."""
+    if not all(k in d for k in GRAPH_KEYS):
+        d = add_graphs(d, r_max_nm)
+    out = {k: d[k] for k in KEEP if k in d}
+    out = {k: (v.astype(dtype) if v.dtype.kind == "f" else v) for k, v in out.items()}
+    if energy_weighting and "U" in out:
+        out["U_weight"] = (1.0 / np.maximum(d["natoms"], 1) ** 2).astype(dtype)
+    return out
+
+
+def mean_pairs(d: dict) -> float:
+    """Average number of neighbors per real atom (from the graphs)."""
+    real = d["receivers"] < d["R"].shape[1]
+    return float(real.sum() / max(d["mask"].sum(), 1))

@@ -1,0 +1,139 @@
+"""The starting MACE of ``chemtrain-finetune``: a foundation model (mace-torch
+``.model`` or chemtrain ``.npz``) or a random one, its E0s, and the loss
+weights in chemtrain's units."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import os
+
+import ase.data
+import numpy as np
+
+from .data import ENERGY, FORCE, STRESS, DataError
+
+SILU_2MOM = 1.6791767923989418  # e3nn's second-moment normalisation of SiLU, as in mace-torch
+RESIDUAL = "RealAgnosticResidualInteractionBlock"
+
+
+def random_config(atomic_numbers, avg_num_neighbors: float, scale: float, *,
+                  num_channels: int = 8, max_L: int = 0, max_ell: int = 1, correlation: int = 2,
+                  r_max: float = 4.0, num_interactions: int = 2, num_radial_basis: int = 10,
+                  num_cutoff_basis: int = 5, radial_MLP=(64, 64, 64), MLP_irreps: str = "16x0e"):
+    """The :class:`~chemtrain.models.mace.MaceConfig` of the ``ScaleShiftMACE``
+    that ``mace_run_train`` builds from these size flags: residual
+    interaction blocks, Bessel basis with polynomial cutoff, hidden features
+    ``num_channels x (0e + 1o + ...)`` up to ``max_L`` (scalars only after
+    the last layer), non-linear last readout; E0s zero, shift zero."""
+    from ..models import mace
+    c = num_channels
+    if min(c, num_interactions, correlation) < 1 or min(max_L, max_ell) < 0:
+        raise DataError("--num_channels, --num_interactions and --correlation must be at least 1, "
+                        "--max_L and --max_ell at least 0.")
+    parity = lambda l: "e" if l % 2 == 0 else "o"  # noqa: E731
+    sh = "+".join(f"{c}x{l}{parity(l)}" for l in range(max_ell + 1))
+    hidden = "+".join(f"{c}x{l}{parity(l)}" for l in range(max_L + 1))
+    scalars = f"{c}x0e"
+    layers = []
+    for i in range(num_interactions):
+        node = scalars if i == 0 else hidden
+        last = i == num_interactions - 1
+        layers.append(mace.Layer(interaction=RESIDUAL, node_irreps=node, edge_irreps=node,
+                                 target_irreps=sh, hidden_irreps=scalars if last else hidden,
+                                 correlation=correlation, readout="nonlinear" if last else "linear"))
+    if isinstance(radial_MLP, str):
+        radial_MLP = ast.literal_eval(radial_MLP)
+    # covalent radii: unused by this architecture, but mace-torch's constructor
+    # stores ASE's table, and an exported model must match it
+    return mace.MaceConfig(
+        atomic_numbers=tuple(int(z) for z in atomic_numbers), r_max=float(r_max),
+        num_bessel=num_radial_basis, num_polynomial_cutoff=num_cutoff_basis, max_ell=max_ell,
+        avg_num_neighbors=float(avg_num_neighbors), radial_mlp=tuple(int(w) for w in radial_MLP),
+        layers=tuple(layers), mlp_irreps=MLP_irreps, atomic_energies=(0.0,) * len(atomic_numbers),
+        scale=float(scale), shift=0.0, act_constant=SILU_2MOM,
+        covalent_radii=tuple(float(r) for r in ase.data.covalent_radii))
+
+
+SIZE_FLAGS = ("num_channels", "max_L", "max_ell", "correlation", "r_max", "num_interactions",
+              "num_radial_basis", "num_cutoff_basis", "radial_MLP", "MLP_irreps")
+
+
+def load_foundation(path: str, trusted: bool):
+    from ..models import mace
+    from ..models.mace.torch_io import UntrustedFileError
+    if not os.path.exists(path):
+        raise DataError(f"--foundation_model {path!r} does not exist.")
+    if path.endswith(".npz"):
+        return mace.load(path)
+    try:
+        return mace.load_mace_torch(path, trusted=trusted)
+    except UntrustedFileError as e:
+        raise DataError(f"{e} Here: pass --trust_foundation_model if you trust {path!r}.") from None
+
+
+def check_elements(cfg, species, mask, path: str) -> None:
+    present = np.unique(np.asarray(species)[np.asarray(mask, bool)])
+    missing = sorted(set(present.tolist()) - set(cfg.atomic_numbers))
+    if missing:
+        raise DataError(f"The data hold atomic numbers {missing} that the foundation model "
+                        f"{path!r} does not know (it has {list(cfg.atomic_numbers)}). Remove "
+                        f"those structures, or train a new model (no --foundation_model).")
+
+
+def average_e0s(atomic_numbers, d: dict) -> np.ndarray:
+    """mace-torch's 'average' E0s: least squares of the training energies (eV)
+    on each structure's element counts (minimum norm where the counts do not
+    fix them, e.g. one composition only)."""
+    counts = np.stack([((d["species"] == z) & d["mask"]).sum(1) for z in atomic_numbers], 1)
+    e0, *_ = np.linalg.lstsq(counts.astype(float), d["U"] / ENERGY, rcond=None)
+    return e0
+
+
+def set_e0s(cfg, how: str, train: dict, foundation: bool):
+    """``cfg`` with the E0s chosen by ``--E0s``; returns (cfg, description)."""
+    if how == "foundation":
+        if not foundation:
+            raise DataError("--E0s foundation needs --foundation_model.")
+        return cfg, "E0s of the foundation model"
+    if how == "average":
+        if "U" not in train:
+            return cfg, "E0s unchanged (no energies)"
+        e0 = average_e0s(cfg.atomic_numbers, train)
+        present = np.isin(cfg.atomic_numbers, train["species"][train["mask"]])
+        new = tuple(float(e) if here else old for e, old, here in
+                    zip(e0, cfg.atomic_energies, present))
+        return dataclasses.replace(cfg, atomic_energies=new), "E0s 'average' of the training set"
+    try:
+        given = {int(k): float(v) for k, v in ast.literal_eval(how).items()}
+    except (ValueError, SyntaxError, AttributeError):
+        raise DataError(f"--E0s must be 'average', 'foundation' or a dict of atomic number -> "
+                        f"energy in eV such as '{{1: -13.6, 6: -1027.6}}', got {how!r}.") from None
+    lacking = sorted(set(cfg.atomic_numbers) - set(given))
+    if lacking:
+        raise DataError(f"--E0s lacks the atomic numbers {lacking}.")
+    return (dataclasses.replace(cfg, atomic_energies=tuple(given[z] for z in cfg.atomic_numbers)),
+            f"E0s given: {json.dumps(given)}")
+
+
+def gammas(args) -> dict:
+    """mace-torch's 'weighted' loss in chemtrain's units: energy_weight x
+    (energy error per atom, eV)^2 is gamma_U x w x (error, kJ/mol)^2 with the
+    per-structure weight w = 1/N^2 (``U_weight``) and gamma_U =
+    energy_weight / (kJ/mol per eV)^2; forces and stresses likewise."""
+    out = {"U": args.energy_weight / ENERGY ** 2, "F": args.forces_weight / FORCE ** 2,
+           "stress": args.stress_weight / STRESS ** 2}
+    for k, flag in (("U", "energy"), ("F", "forces"), ("stress", "stress")):
+        w = getattr(args, f"{flag}_weight")
+        if not (np.isfinite(w) and w >= 0):
+            raise DataError(f"--{flag}_weight must be a number >= 0, got {w}.")
+    return {k: v for k, v in out.items() if v > 0}
+
+
+def describe(cfg, params) -> str:
+    import jax
+    n = sum(int(np.size(p)) for p in jax.tree.leaves(params))
+    layer = cfg.layers[0]
+    return (f"{len(cfg.layers)} layers, hidden {cfg.layers[0].hidden_irreps}, L_max "
+            f"{cfg.max_ell}, correlation {layer.correlation}, r_max {cfg.r_max} A, {n} parameters")
+

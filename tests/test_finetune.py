@@ -1,0 +1,355 @@
+"""``chemtrain-finetune`` (chemtrain.finetune) and the MD22 example, its thin call.
+
+Jobs run as a user starts them, with a tiny MACE on a few structures:
+several jobs in one subprocess (single and jax on two CPU devices; npz, HDF5
+and extxyz; a resumed run; a mace-torch foundation model) and two under
+``mpirun -np 2``. The checks read what the jobs print and write, recompute
+the test errors from the saved model and the raw data with code of their
+own, and load every exported ``.model`` in mace-torch's ``MACECalculator``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import mp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.path.join(os.path.dirname(HERE), "examples", "mace_jax")
+STANDIN = os.path.join(EXAMPLES, "nanotube_standin.npz")
+TINY = ["--num_channels", "4", "--max_ell", "1", "--correlation", "2", "--r_max", "4.0"]
+SPLIT = ["--n_train", "4", "--n_valid", "2", "--n_test", "2", "--batch_size", "2"]
+LINE = re.compile(r"Test errors, (.+?): energy MAE ([0-9.e+-]+) RMSE ([0-9.e+-]+) eV/atom; "
+                  r"force MAE ([0-9.e+-]+) RMSE ([0-9.e+-]+) eV/Å")
+EV, KCAL = 96.48533212, 4.184   # kJ/mol
+DRIVER = """
+import os, sys, json
+from chemtrain.finetune import run
+root = os.environ.get("PMI_RANK", "0") == "0"
+for name, argv in json.loads(sys.argv[1]):
+    if root:
+        print(f"=== job {name} ===", flush=True)
+    run(argv)
+    sys.stdout.flush()
+"""
+
+
+def cu_frames(path, n=6, seed=0, labels=("energy", "forces", "stress")):
+    """Rattled bulk Cu cells (fcc primitive, 1 atom, and a 4-atom cubic cell:
+    both far narrower than twice r_max) labelled by ASE's EMT, written as
+    extxyz with mace-torch's keys REF_energy, REF_forces, REF_stress."""
+    import ase.io
+    from ase.build import bulk
+    from ase.calculators.emt import EMT
+    rng = np.random.default_rng(seed)
+    frames = []
+    for i in range(n):
+        a = bulk("Cu", "fcc", a=3.6, cubic=bool(i % 2)) * (1, 1, 1 + i % 2)
+        a.rattle(0.05, seed=int(rng.integers(1 << 30)))
+        a.set_cell(a.cell * (1 + 0.02 * rng.standard_normal()), scale_atoms=True)
+        a.calc = EMT()
+        e, f, s = a.get_potential_energy(), a.get_forces(), a.get_stress(voigt=False)
+        a.calc = None
+        if "energy" in labels:
+            a.info["REF_energy"] = e
+        if "stress" in labels:
+            a.info["REF_stress"] = s.ravel()
+        if "forces" in labels:
+            a.arrays["REF_forces"] = f
+        frames.append(a)
+    ase.io.write(path, frames, format="extxyz")
+    return frames
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Ten stand-in structures as an MD22 .npz and as chemtrain HDF5; Cu cells as extxyz."""
+    from chemtrain.data.convert import convert
+    d = tmp_path_factory.mktemp("finetune")
+    full = np.load(STANDIN)
+    npz = str(d / "small.npz")
+    np.savez(npz, **{k: (full[k][:10] if k in ("R", "E", "F") else full[k]) for k in full.files})
+    h5 = str(d / "small.h5")
+    convert(npz, h5, progress=False)
+    xyz = str(d / "cu.xyz")
+    cu_frames(xyz)
+    return {"npz": npz, "h5": h5, "xyz": xyz, "dir": d}
+
+
+@pytest.fixture(scope="module")
+def foundation(data):
+    """A tiny random mace-torch model (H, C, O) saved as a .model file."""
+    import mace  # noqa: F401  (before e3nn)
+    import torch
+    from e3nn import o3
+    from mace import modules
+    torch.set_default_dtype(torch.float64)
+    torch.manual_seed(0)
+    block = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
+    model = modules.ScaleShiftMACE(
+        r_max=4.0, num_bessel=8, num_polynomial_cutoff=5, max_ell=1, interaction_cls=block,
+        interaction_cls_first=block, num_interactions=2, num_elements=3,
+        hidden_irreps=o3.Irreps("4x0e"), MLP_irreps=o3.Irreps("8x0e"),
+        atomic_energies=np.array([-1.0, -2.0, -3.0]), avg_num_neighbors=10.0,
+        atomic_numbers=[1, 6, 8], correlation=2, gate=torch.nn.functional.silu,
+        radial_MLP=[8, 8], atomic_inter_scale=1.0, atomic_inter_shift=0.0)
+    path = str(data["dir"] / "foundation.model")
+    torch.save(model, path)
+    return path
+
+
+def job(data, name, source, method, *extra, epochs=1, out=None):
+    out = str(data["dir"] / (out or name))
+    return name, ["--train_file", data[source], "--parallelism", method, "--results_dir", out,
+                  "--max_num_epochs", str(epochs), *SPLIT, *TINY, *extra]
+
+
+def run_jobs(jobs, method, timeout=1200):
+    args = ["-c", DRIVER, json.dumps(jobs)]
+    if method == "mpi":
+        code, text, _ = mp.mpirun(2, args, devices=1, timeout=timeout)
+    else:
+        out = subprocess.run([sys.executable, *args], env=mp.env(devices=2), capture_output=True,
+                             text=True, timeout=timeout)
+        code, text = out.returncode, out.stdout + out.stderr
+    assert code == 0, text[-4000:]
+    parts = re.split(r"=== job (\S+) ===\n", text)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+@pytest.fixture(scope="module")
+def local_outputs(data, foundation):
+    cache = ["--jax_cache", str(data["dir"] / "jax_cache")]
+    cu = ["--train_file", data["xyz"], "--n_train", "4", "--n_valid", "0", "--n_test", "2",
+          "--stress_weight", "10", "--default_dtype", "float64"]
+    return run_jobs([job(data, "npz_single", "npz", "single", *cache),
+                     job(data, "npz_resumed", "npz", "single", "--restart_latest", *cache, epochs=2,
+                         out="npz_single"),
+                     job(data, "h5_single", "h5", "single", *cache),
+                     job(data, "npz_jax", "npz", "jax", *cache),
+                     job(data, "npz_foundation", "npz", "single", "--foundation_model", foundation,
+                         "--trust_foundation_model"),
+                     job(data, "cu_xyz", "xyz", "single", *cu, *cache)], "local")
+
+
+@pytest.fixture(scope="module")
+def mpi_outputs(data):
+    return run_jobs([job(data, "npz_mpi", "npz", "mpi"), job(data, "h5_mpi", "h5", "mpi")], "mpi")
+
+
+def independent_errors(out_dir, data_path):
+    """Test-set energy and force MAEs of the saved model computed here, in
+    float64, from the model file and the raw MD22-format data with a jax-md
+    neighbor list (not the job's graphs)."""
+    import jax
+    import jax.numpy as jnp
+    from jax_md import partition, space
+    from chemtrain.models import mace
+    results = json.load(open(os.path.join(out_dir, "results.json")))
+    cfg, params = mace.load(results["model_npz"])
+    raw = np.load(data_path)
+    rows = np.asarray(results["test_rows"])
+    R = jnp.asarray(raw["R"][rows] / 10.0, jnp.float64)
+    E_ref = raw["E"].reshape(-1)[rows] * KCAL / EV
+    F_ref = raw["F"][rows] * KCAL / EV
+    disp, _ = space.free()
+    nbrs = partition.neighbor_list(disp, 100.0, cfg.r_max / 10, format=partition.Sparse,
+                                   disable_cell_list=True).allocate(R[0], extra_capacity=20)
+    template = mace.energy_fn_template(cfg, disp)
+    species = jnp.asarray(raw["z"])
+    params = jax.tree.map(lambda p: jnp.asarray(p, jnp.float64), params)
+    fn = jax.jit(jax.value_and_grad(lambda x: template(params)(x, nbrs.update(x), species=species)))
+    E, F = zip(*[fn(r) for r in R])
+    E, F = np.array(E) / EV, -np.stack(F) / EV / 10.0
+    return float(np.mean(np.abs(E - E_ref))) / R.shape[1], float(np.mean(np.abs(F - F_ref))), results
+
+
+def check_job(text, out_dir, method, n_shards, epochs=1):
+    """Printed errors (once, by the root), plot, checkpoint, results; returns
+    (label of the first line, results)."""
+    lines = LINE.findall(text)
+    assert len(lines) == 2, text[-3000:]
+    (start, *before), (final, *after) = lines
+    assert final == f"trained (epoch {epochs})", final
+    assert np.all(np.isfinite([float(x) for x in before + after])) and after != before
+    with open(os.path.join(out_dir, "parity.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert f"Parity plot: {os.path.join(out_dir, 'parity.png')}" in text
+    assert os.path.exists(os.path.join(out_dir, "checkpoints", f"epoch_{epochs:05d}.npz"))
+    results = json.load(open(os.path.join(out_dir, "results.json")))
+    assert results["parallelism"] == method and results["n_shards"] == n_shards
+    assert results["epoch"] == epochs
+    assert f"-> {method}, {n_shards} shard(s)" in text
+    assert "MACECalculator(model_paths=" in text
+    history = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
+    assert [h["epoch"] for h in history] == list(range(epochs))
+    return start, results
+
+
+def check_npz_job(text, data, name, method, n_shards, epochs=1):
+    out = str(data["dir"] / name)
+    start, _ = check_job(text, out, method, n_shards, epochs)
+    e_mae, f_mae, results = independent_errors(out, data["npz"])
+    assert results["n_test"] == 2
+    assert results["after"]["energy_eV_per_atom"]["MAE"] == pytest.approx(e_mae, rel=2e-3, abs=1e-6)
+    assert results["after"]["force_eV_per_A"]["MAE"] == pytest.approx(f_mae, rel=2e-3)
+    return start
+
+
+def torch_matches(results, atoms_list, dtype):
+    """The exported .model in mace-torch's own calculator gives chemtrain's
+    energies (ChemtrainCalculator on the .npz) within 1e-5 relative."""
+    import mace  # noqa: F401
+    from mace.calculators import MACECalculator
+    from chemtrain.calculator import ChemtrainCalculator
+    torch_calc = MACECalculator(model_paths=results["model_torch"], device="cpu",
+                                default_dtype=dtype)
+    ours = ChemtrainCalculator.from_mace(results["model_npz"], dtype="float64")
+    for atoms in atoms_list:
+        a, b = atoms.copy(), atoms.copy()
+        a.calc, b.calc = torch_calc, ours
+        e_torch, e_ours = a.get_potential_energy(), b.get_potential_energy()
+        assert e_torch == pytest.approx(e_ours, rel=1e-5), (e_torch, e_ours)
+
+
+def nanotubes(rows):
+    from ase import Atoms
+    raw = np.load(STANDIN)
+    return [Atoms(numbers=raw["z"], positions=raw["R"][r]) for r in rows]
+
+
+# ---------------------------------------------------------------------- jobs
+
+@pytest.mark.parametrize("name,method,n_shards", [("h5_single", "single", 1),
+                                                  ("npz_jax", "jax", 2)])
+def test_finetune_single_and_jax(data, local_outputs, name, method, n_shards):
+    text = local_outputs[name]
+    assert check_npz_job(text, data, name, method, n_shards) == "starting model"
+    assert "No --foundation_model: a random MACE" in text and "E0s 'average'" in text
+
+
+def test_finetune_npz_resume_and_export(data, local_outputs):
+    """The second job continued the first one's run (restored epoch 1, trained
+    epoch 2, one metrics file); its export loads in mace-torch."""
+    first, resumed = local_outputs["npz_single"], local_outputs["npz_resumed"]
+    out = data["dir"] / "npz_single"
+    assert "Test errors, trained (epoch 1)" in first
+    assert f"Resumed from {out / 'checkpoints' / 'epoch_00001.npz'} (epoch 1)" in resumed
+    assert check_npz_job(resumed, data, "npz_single", "single", 1, epochs=2) == \
+        "restored model (epoch 1)"
+    assert LINE.findall(first)[1][1:] == LINE.findall(resumed)[0][1:]
+    results = json.load(open(out / "results.json"))
+    torch_matches(results, nanotubes(results["test_rows"]), "float32")
+
+
+def test_finetune_from_mace_torch(data, local_outputs, foundation):
+    """A mace-torch file is converted and trained; E0s 'average' refit the
+    elements in the data and keep the others; the export loads in mace-torch."""
+    text = local_outputs["npz_foundation"]
+    assert f"Fine-tuning {foundation}:" in text and "No --foundation_model" not in text
+    assert check_npz_job(text, data, "npz_foundation", "single", 1) == "starting model"
+    from chemtrain.models import mace
+    results = json.load(open(data["dir"] / "npz_foundation" / "results.json"))
+    cfg, _ = mace.load(results["model_npz"])
+    assert cfg.atomic_numbers == (1, 6, 8) and cfg.r_max == 4.0
+    assert cfg.atomic_energies[2] == -3.0 and cfg.atomic_energies[:2] != (-1.0, -2.0)
+    torch_matches(results, nanotubes(results["test_rows"]), "float32")
+
+
+def test_finetune_extxyz_small_cells_with_stress(data, local_outputs):
+    """Cu cells of 1 and 4 atoms, 3.6 Angstrom wide (a cutoff of 4 needs every
+    periodic image): trained on energies, forces and stress from extxyz, in
+    float64; mace-torch, which counts every image, gives the same energies."""
+    import ase.io
+    text = local_outputs["cu_xyz"]
+    start, results = check_job(text, str(data["dir"] / "cu_xyz"), "single", 1)
+    assert start == "starting model" and "stress MAE" in text
+    assert set(results["after"]) == {"energy_eV_per_atom", "force_eV_per_A", "stress_eV_per_A3"}
+    assert results["config"]["atomic_numbers"] == [29]
+    frames = ase.io.read(data["xyz"], index=":")
+    torch_matches(results, [frames[i] for i in results["test_rows"]] + frames[:2], "float64")
+
+
+@pytest.mark.parametrize("name", ["npz_mpi", "h5_mpi"])
+def test_finetune_mpi(data, mpi_outputs, name):
+    check_npz_job(mpi_outputs[name], data, name, "mpi", 2)
+
+
+# --------------------------------------------------------------- bad input
+
+def _run(*argv):
+    from chemtrain.finetune import run
+    return run(list(argv))
+
+
+def test_refuses_missing_forces_and_bad_split(data, tmp_path):
+    from chemtrain.finetune import DataError
+    path = str(tmp_path / "noforces.xyz")
+    cu_frames(path, n=3, labels=("energy",))
+    with pytest.raises(DataError, match=r"no forces under the key 'REF_forces' .*--forces_key.*"
+                                        r"--forces_weight 0"):
+        _run("--train_file", path, "--results_dir", str(tmp_path / "a"))
+    with pytest.raises(DataError, match=r"no stress under the key 'virial'"):
+        _run("--train_file", data["xyz"], "--stress_key", "virial", "--stress_weight", "1",
+             "--results_dir", str(tmp_path / "a"))
+    with pytest.raises(DataError, match=r"8 training \+ 2 validation \+ 2 test structures are "
+                                        r"asked for, but .*small.npz' holds 10"):
+        _run("--train_file", data["npz"], "--n_train", "8", "--n_valid", "2", "--n_test", "2",
+             "--results_dir", str(tmp_path / "a"))
+    with pytest.raises(DataError, match="missing.npz' does not exist"):
+        _run("--train_file", str(tmp_path / "missing.npz"), "--results_dir", str(tmp_path / "a"))
+    assert not (tmp_path / "a").exists()
+
+
+def test_refuses_elements_the_foundation_lacks(data, foundation, tmp_path):
+    from chemtrain.finetune import DataError
+    with pytest.raises(DataError, match=r"atomic numbers \[29\] that the foundation model .* "
+                                        r"does not know \(it has \[1, 6, 8\]\)"):
+        _run("--train_file", data["xyz"], "--foundation_model", foundation,
+             "--trust_foundation_model", "--results_dir", str(tmp_path / "b"))
+    with pytest.raises(DataError, match="--trust_foundation_model"):
+        _run("--train_file", data["npz"], "--foundation_model", foundation,
+             "--results_dir", str(tmp_path / "b"))
+
+
+def test_refuses_a_folder_holding_another_run(data, local_outputs, tmp_path):
+    """Another run's folder is left byte for byte as it was; --restart_latest
+    without a checkpoint is refused too."""
+    from chemtrain.finetune import DataError
+    out = data["dir"] / "h5_single"
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(DataError, match="holds another run .*--restart_latest"):
+        _run("--train_file", data["npz"], "--results_dir", str(out), *SPLIT, *TINY)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    with pytest.raises(DataError, match="--restart_latest: no checkpoint"):
+        _run("--train_file", data["npz"], "--results_dir", str(tmp_path / "d"), "--restart_latest")
+
+
+def test_console_script_and_example_are_thin_calls(data):
+    """``python -m chemtrain.finetune`` ends bad input with exit code 2 and
+    the message; the example passes its flags through to it."""
+    out = subprocess.run([sys.executable, "-m", "chemtrain.finetune", "--train_file",
+                          str(data["dir"] / "nothing.xyz")], capture_output=True, text=True,
+                         env=mp.env(), timeout=300)
+    assert out.returncode == 2 and "nothing.xyz' does not exist" in out.stderr
+    sys.path.insert(0, EXAMPLES)
+    import finetune_md22
+    assert finetune_md22.main(["--train_file", str(data["dir"] / "nothing.npz")]) == 2
+
+
+def test_hdf5_cells_need_stored_graphs(data, tmp_path):
+    """Periodic cells in an HDF5 training file without graphs are refused
+    (a jax-md list would count one image of each pair), naming the fix."""
+    from chemtrain.data.convert import convert
+    from chemtrain.finetune import DataError
+    h5 = str(tmp_path / "cu.h5")
+    convert(data["xyz"], h5, progress=False)
+    with pytest.raises(DataError, match=r"periodic cells but no graphs.*--graph-cutoff 0\.4"):
+        _run("--train_file", h5, "--n_train", "4", "--n_valid", "1", "--n_test", "1",
+             "--results_dir", str(tmp_path / "e"), *TINY)
