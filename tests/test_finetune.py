@@ -348,8 +348,16 @@ def test_hdf5_cells_need_stored_graphs(data, tmp_path):
     (a jax-md list would count one image of each pair), naming the fix."""
     from chemtrain.data.convert import convert
     from chemtrain.finetune import DataError
+    import ase.io
+    from ase.calculators.singlepoint import SinglePointCalculator
+    frames = ase.io.read(data["xyz"], index=":")
+    for a in frames:   # the converter reads ASE's own labels
+        a.calc = SinglePointCalculator(a, energy=a.info.pop("REF_energy"),
+                                       forces=a.arrays.pop("REF_forces"))
+    plain = str(tmp_path / "cu_plain.xyz")
+    ase.io.write(plain, frames, format="extxyz")
     h5 = str(tmp_path / "cu.h5")
-    convert(data["xyz"], h5, progress=False)
+    convert(plain, h5, progress=False)
     with pytest.raises(DataError, match=r"periodic cells but no graphs.*--graph-cutoff 0\.4"):
         _run("--train_file", h5, "--n_train", "4", "--n_valid", "1", "--n_test", "1",
              "--results_dir", str(tmp_path / "e"), *TINY)
