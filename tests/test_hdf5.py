@@ -183,10 +183,14 @@ def test_prefetch_overlaps_reading_with_compute(tmp_path):
     slow = Slow(train, prefetch=2)
     slow.delay = compute / steps  # a read as long as a step
     tr.set_loader(slow, "training")
-    both = epoch_time(tr)
     serial = compute + steps * slow.delay
-    print(f"compute {compute:.3f} s, reads {steps * slow.delay:.3f} s, epoch with both {both:.3f} s")
-    assert both < 0.8 * serial, (both, serial)
+    tries = []
+    for _ in range(3):  # a shared machine can stall one epoch; overlap must show in one of three
+        tries.append(epoch_time(tr))
+        if tries[-1] < 0.8 * serial:
+            break
+    print(f"compute {compute:.3f} s, reads {steps * slow.delay:.3f} s, epochs with both {tries}")
+    assert min(tries) < 0.8 * serial, (tries, serial)
 
 
 def test_worker_exception_reaches_training_thread(files, tmp_path):
