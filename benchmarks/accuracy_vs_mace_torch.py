@@ -4,10 +4,10 @@
     .venv/bin/python benchmarks/accuracy_vs_mace_torch.py --epochs 2      # quick end-to-end check
 
 Trains the MACE of chemtrain's main job (``examples/mace_jax/finetune_md22.py``,
-``mace_mp_config``) from scratch twice on the same data, split, architecture,
+a call of ``chemtrain-finetune``) from scratch twice on the same data, split, architecture,
 batch size and number of optimizer steps: with chemtrain and with mace-torch's
 ``mace_run_train`` (float32, CPU). Both trained models are then measured on the
-same test structures by the same code (``summary`` of ``finetune_md22.py``:
+same test structures by the same code (``chemtrain.finetune.report.summary``:
 energy error per atom in eV/atom, force-component errors in eV/A), and the
 script prints both tables, both wall times and the ratio of our test force
 RMSE to mace-torch's (target <= 1.1), then one JSON line with all figures.
@@ -18,10 +18,7 @@ E kcal/mol, F kcal/mol/A; 1 kcal/mol = 1/23.060547830619 eV) is copied into
 60/10/50). The split is written as ``train.xyz``, ``valid.xyz`` and
 ``test.xyz`` (extxyz, ``info['REF_energy']`` eV, ``arrays['REF_forces']`` eV/A,
 no cell, pbc False: mace-torch then builds its graphs in free space), which
-go to both tools, and, while chemtrain's side is driven by the example script,
-also as ``split.npz`` in MD22 format, its frames ordered so that the example's
-own seeded permutation gives back exactly the same train/valid/test frames
-(checked against the ``test_rows`` it writes).
+go to both tools (chemtrain: ``--train_file``, ``--valid_file``, ``--test_file``).
 
 Architecture (both sides): ScaleShiftMACE, 2 x RealAgnosticResidualInteractionBlock
 (also the first), hidden irreps 8x0e, spherical harmonics up to l = 1,
@@ -47,8 +44,7 @@ Optimizer: same batch size, epochs (so the same 30 steps per epoch) and
 learning rate (1e-2, also mace-torch's default); each tool's own defaults
 otherwise. chemtrain's main job: Adam (no AMSGrad, no weight decay, no
 gradient clipping), cosine decay of the learning rate to 5 % over the run,
-no EMA, reports the last epoch, refits the E0s to the trained model's
-residual on 32 training structures before testing. mace-torch's defaults
+no EMA, reports the last epoch. mace-torch's defaults
 that differ: Adam with ``amsgrad=True``, weight decay 5e-7 (L2, on the
 interaction weights), ``ReduceLROnPlateau`` (factor 0.8, patience 50 epochs:
 a constant learning rate over runs this short), gradient-norm clipping at
@@ -57,21 +53,11 @@ lowest validation loss. ``--save_all_checkpoints`` is passed so that its
 final model is that of the last epoch, the same number of steps as ours
 (``--mace-best`` evaluates its usual best-validation model instead).
 
-Losses. chemtrain (per structure, averaged over the batch):
-    L_ct = gamma_U dU^2 + gamma_F <dF_c^2>,
-dU the energy error of the structure in kJ/mol, <dF_c^2> the mean squared
-force component error in (kJ/mol/nm)^2; main job gamma_U = 1e-3, gamma_F = 1.
-mace-torch's "weighted" loss:
-    L_mt = w_E (dE / N)^2 + w_F <dF_c^2>,
-dE in eV, N atoms, forces in eV/A. With dU = k dE, k = 96.485 kJ/mol/eV,
-and force factor k / 0.1 nm/A = 10 k:
-    L_ct = gamma_U k^2 N^2 (dE/N)^2 + gamma_F 100 k^2 <dF_c^2>
-         = 100 k^2 gamma_F [ (gamma_U N^2 / (100 gamma_F)) (dE/N)^2 + <dF_c^2> ],
-so the same loss up to a constant factor (immaterial to Adam) needs
-    w_E / w_F = gamma_U N^2 / (100 gamma_F)   (= 1.369 for N = 370, gamma_U = 1e-3).
-This script keeps mace-torch's default ``--forces_weight 100`` and passes
-``--energy_weight 100 * 1.369 = 136.9``; chemtrain's side gets gamma_U back
-from the two weights (the finetune CLI takes them as they are).
+Losses. Both tools get the same ``--energy_weight`` and ``--forces_weight``
+in mace-torch's units (its "weighted" loss: w_E (energy error per atom, eV)^2
++ w_F (force component error, eV/A)^2); chemtrain-finetune converts them to
+its gammas exactly (``chemtrain.finetune.model.gammas``). Default 1 and 1,
+the main job's.
 
 Timing on a shared machine: torch's OpenMP threads (one per core) degrade
 badly when other jobs hold the cores. On the 2-core project machine at load
@@ -103,10 +89,10 @@ import time
 
 import numpy as np
 
+from chemtrain.finetune import data as D, model as M, report as R
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLE = os.path.join(REPO, "examples", "mace_jax", "finetune_md22.py")
-sys.path.insert(0, os.path.dirname(EXAMPLE))
-import finetune_md22 as ex  # noqa: E402  (summary, units, mace_mp_config)
+STANDIN = os.path.join(REPO, "examples", "mace_jax", "nanotube_standin.npz")
 
 KCAL_PER_EV = 23.060547830619
 MACE_RUN_TRAIN = os.path.join(os.path.dirname(sys.executable), "mace_run_train")
@@ -115,25 +101,22 @@ MACE_RUN_TRAIN = os.path.join(os.path.dirname(sys.executable), "mace_run_train")
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data", default=ex.STANDIN, help="MD22-format .npz")
+    p.add_argument("--data", default=STANDIN, help="MD22-format .npz")
     p.add_argument("--train", type=int, default=60)
     p.add_argument("--valid", type=int, default=10)
     p.add_argument("--test", type=int, default=50)
     p.add_argument("--seed", type=int, default=0, help="split, initialisation, shuffling")
-    p.add_argument("--epochs", type=int, default=ex.parse_args([]).epochs)
-    p.add_argument("--batch", type=int, default=ex.parse_args([]).batch)
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--batch", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-2, help="chemtrain's default from scratch")
-    p.add_argument("--gamma-u", type=float, default=ex.parse_args([]).energy_weight,
-                   help="chemtrain's energy weight (kJ/mol)^2 against forces (kJ/mol/nm)^2; "
-                        "mace-torch's --energy_weight is derived from it")
-    p.add_argument("--forces-weight", type=float, default=100.0, help="mace-torch's --forces_weight")
+    p.add_argument("--energy-weight", type=float, default=1.0,
+                   help="--energy_weight of both tools (mace-torch's units)")
+    p.add_argument("--forces-weight", type=float, default=1.0,
+                   help="--forces_weight of both tools (mace-torch's units)")
     p.add_argument("--channels", type=int, default=8)
     p.add_argument("--max-ell", type=int, default=1)
     p.add_argument("--correlation", type=int, default=2)
     p.add_argument("--r-max", type=float, default=4.0)
-    p.add_argument("--chemtrain-side", choices=["example", "cli"], default="example",
-                   help="drive chemtrain with examples/mace_jax/finetune_md22.py or "
-                        "python -m chemtrain.finetune")
     p.add_argument("--mace-best", action="store_true",
                    help="evaluate mace-torch's best-validation checkpoint (its default) instead "
                         "of its last epoch")
@@ -147,7 +130,7 @@ def parse_args(argv=None):
 # -- data -------------------------------------------------------------------------
 def write_split(args) -> dict:
     """Copy the data into the work folder, split it and write the three
-    extxyz files (and the MD22-format split.npz for the example script)."""
+    extxyz files."""
     from ase import Atoms
     from ase.io import write
     os.makedirs(args.work, exist_ok=True)
@@ -162,7 +145,8 @@ def write_split(args) -> dict:
     order = np.random.default_rng(args.seed).permutation(len(R))[:need]
     rows = {"train": order[:args.train], "valid": order[args.train:args.train + args.valid],
             "test": order[args.train + args.valid:]}
-    files = {"rows": {k: v.tolist() for k, v in rows.items()}, "sha256": sha, "n_atoms": len(z)}
+    files = {"rows": {k: v.tolist() for k, v in rows.items()}, "sha256": sha, "n_atoms": len(z),
+             "z": z.tolist()}
     for name, r in rows.items():
         frames = []
         for i in r:
@@ -172,14 +156,6 @@ def write_split(args) -> dict:
             frames.append(a)
         files[name] = os.path.join(args.work, f"{name}.xyz")
         write(files[name], frames, format="extxyz")
-    # split.npz: frame perm[j] holds the j-th structure of train+valid+test, so
-    # that finetune_md22.py's rng(seed).permutation(need) = perm picks them back
-    perm = np.random.default_rng(args.seed).permutation(need)
-    picked = np.empty(need, int)
-    picked[perm] = order
-    files["npz"] = os.path.join(args.work, "split.npz")
-    np.savez(files["npz"], R=R[picked], z=f["z"], E=f["E"].reshape(-1, 1)[picked], F=F[picked])
-    files["npz_test_rows"] = perm[args.train + args.valid:].tolist()
     return files
 
 
@@ -192,54 +168,18 @@ def read_xyz(path):
 
 
 def as_chemtrain_units(frames, energies_eV, forces_eV_A):
-    """What ``finetune_md22.summary`` expects: R nm, U kJ/mol, F kJ/mol/nm."""
-    return {"R": np.stack([a.positions for a in frames]) * ex.NM,
-            "U": np.asarray(energies_eV) * ex.EV,
-            "F": np.asarray(forces_eV_A) * (ex.EV / ex.NM),
-            "species": np.stack([a.numbers for a in frames])}
+    """What ``chemtrain.finetune.report.summary`` expects: R nm, U kJ/mol, F kJ/mol/nm, mask."""
+    pos = np.stack([a.positions for a in frames]) * D.LENGTH
+    return {"R": pos, "U": np.asarray(energies_eV) * D.ENERGY,
+            "F": np.asarray(forces_eV_A) * D.FORCE,
+            "species": np.stack([a.numbers for a in frames]), "mask": np.ones(pos.shape[:2], bool)}
 
 
-def loss_weights(args, n_atoms):
-    """mace-torch's (energy_weight, forces_weight) for chemtrain's gamma_U, gamma_F = 1
-    (derivation in the module docstring)."""
-    ratio = args.gamma_u * n_atoms ** 2 / 100.0
-    return args.forces_weight * ratio, args.forces_weight
-
-
-# -- chemtrain ----------------------------------------------------------------------
 def run_chemtrain(files, args) -> dict:
-    """Train with chemtrain; return {"before": S, "after": S, "wall_s": ...}."""
-    return (run_chemtrain_cli if args.chemtrain_side == "cli" else run_chemtrain_example)(files, args)
-
-
-def run_chemtrain_example(files, args) -> dict:
+    """Train with ``python -m chemtrain.finetune``; return {"before": S, "after": S, "wall_s": ...}."""
     out = os.path.join(args.work, "chemtrain")
     shutil.rmtree(out, ignore_errors=True)
-    w_e, w_f = loss_weights(args, files["n_atoms"])
-    gamma_u = w_e / w_f * 100.0 / files["n_atoms"] ** 2      # = args.gamma_u
-    cmd = [sys.executable, EXAMPLE, "--data", files["npz"], "--train", str(args.train),
-           "--valid", str(args.valid), "--test", str(args.test), "--seed", str(args.seed),
-           "--channels", str(args.channels), "--max-ell", str(args.max_ell),
-           "--correlation", str(args.correlation), "--r-max", str(args.r_max),
-           "--batch", str(args.batch), "--epochs", str(args.epochs), "--lr", str(args.lr),
-           "--energy-weight", repr(gamma_u), "--parallelism", "single", "--out", out]
-    res = _run(cmd, os.path.join(args.work, "chemtrain.log"))
-    with open(os.path.join(out, "results.json")) as fh:
-        results = json.load(fh)
-    if results["test_rows"] != files["npz_test_rows"]:
-        raise SystemExit("the example script tested on other structures than test.xyz")
-    m = re.search(r"(\d+) parameters", res["stdout"])
-    return {"before": results["before"], "after": results["after"], "wall_s": res["wall_s"],
-            "train_loop_s": _epoch_seconds(out), "epoch_s": _epoch_times(out),
-            "n_params_reported": int(m.group(1)) if m else None,
-            "load_end": res["load_end"], "command": cmd}
-
-
-def run_chemtrain_cli(files, args) -> dict:
-    """The same through ``python -m chemtrain.finetune`` (mace-torch-like flags)."""
-    out = os.path.join(args.work, "chemtrain")
-    shutil.rmtree(out, ignore_errors=True)
-    w_e, w_f = loss_weights(args, files["n_atoms"])
+    w_e, w_f = args.energy_weight, args.forces_weight
     cmd = [sys.executable, "-m", "chemtrain.finetune", "--train_file", files["train"],
            "--valid_file", files["valid"], "--test_file", files["test"],
            "--energy_key", "REF_energy", "--forces_key", "REF_forces",
@@ -277,8 +217,8 @@ def chemtrain_param_count(args, z) -> int:
     """sum(p.size) of chemtrain's initial parameters for this architecture."""
     import jax
     from chemtrain.models import mace
-    cfg = ex.mace_mp_config(sorted(set(int(a) for a in z)), args.channels, args.max_ell,
-                            args.correlation, args.r_max, avg_num_neighbors=1.0, scale=1.0)
+    cfg = M.random_config(sorted(set(int(a) for a in z)), 1.0, 1.0, num_channels=args.channels,
+                          max_ell=args.max_ell, correlation=args.correlation, r_max=args.r_max)
     params = mace.init_params(cfg, jax.random.PRNGKey(args.seed), np.float32)
     return int(sum(p.size for p in jax.tree.leaves(params)))
 
@@ -289,7 +229,7 @@ def run_mace_torch(files, args) -> dict:
     shutil.rmtree(work, ignore_errors=True)
     _, _, f_train = read_xyz(files["train"])
     rms = float(np.sqrt(np.mean(f_train.astype(np.float64) ** 2)))   # as both tools compute it
-    w_e, w_f = loss_weights(args, files["n_atoms"])
+    w_e, w_f = args.energy_weight, args.forces_weight
     cmd = [MACE_RUN_TRAIN, "--name", "mace", "--work_dir", work, "--seed", str(args.seed),
            "--device", "cpu", "--default_dtype", "float32",
            "--train_file", files["train"], "--valid_file", files["valid"],
@@ -319,7 +259,7 @@ def run_mace_torch(files, args) -> dict:
 
 
 def evaluate_mace_torch(model_path, files):
-    """Test (and training, for the E0 refit) predictions of mace-torch's model."""
+    """Test-set errors of mace-torch's model, by chemtrain's summary."""
     import mace.calculators  # import mace before e3nn/torch.load (see NOTES.md)
     import torch
     model = torch.load(model_path, weights_only=False, map_location="cpu")  # our own file
@@ -341,16 +281,7 @@ def evaluate_mace_torch(model_path, files):
     e, f = predict(frames)
     ref = as_chemtrain_units(frames, e_ref, f_ref)
     pred = as_chemtrain_units(frames, e, f)
-    out = {"after": ex.summary(pred, ref), "n_params": n_params, "E0s": e0s}
-    # the same structures with the E0s refitted as chemtrain's example does
-    # before reporting (least squares of the residual on 32 training structures)
-    tr_frames, tr_e, _ = read_xyz(files["train"])
-    tr_frames, tr_e = tr_frames[:32], tr_e[:32]
-    tr_pred, _ = predict(tr_frames)
-    zs = sorted(set(int(x) for x in tr_frames[0].numbers))
-    counts = lambda fr: np.array([[np.sum(a.numbers == zz) for zz in zs] for a in fr], float)
-    delta, *_ = np.linalg.lstsq(counts(tr_frames), tr_e - tr_pred, rcond=None)
-    out["after_e0_refit"] = ex.summary(dict(pred, U=pred["U"] + counts(frames) @ delta * ex.EV), ref)
+    out = {"after": R.summary(pred, ref), "n_params": n_params, "E0s": e0s}
     out["eval_s"] = time.perf_counter() - t0
     return out
 
@@ -416,17 +347,17 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     files = write_split(args)
     n_atoms = files["n_atoms"]
-    w_e, w_f = loss_weights(args, n_atoms)
+    w_e, w_f = args.energy_weight, args.forces_weight
     print(f"{args.data} (sha256 {files['sha256'][:12]}): train {args.train}, valid {args.valid}, "
           f"test {args.test}, seed {args.seed}; {n_atoms} atoms; batch {args.batch}, "
           f"{args.epochs} epochs ({args.epochs * (args.train // args.batch)} steps), lr {args.lr}; "
-          f"gamma_U {args.gamma_u} -> mace-torch energy_weight {w_e:.4g}, forces_weight {w_f:.4g}",
+          f"energy_weight {w_e:.4g}, forces_weight {w_f:.4g} (both tools)",
           flush=True)
 
     ct = run_chemtrain(files, args)
     mt = run_mace_torch(files, args)
     ev = evaluate_mace_torch(mt["model"], files)
-    n_ct = chemtrain_param_count(args, np.load(files["npz"])["z"])
+    n_ct = chemtrain_param_count(args, files["z"])
 
     ratio = ct["after"]["force_eV_per_A"]["RMSE"] / ev["after"]["force_eV_per_A"]["RMSE"]
     own = mace_log_test_rmse(mt["log"])
@@ -438,7 +369,6 @@ def main(argv=None) -> int:
         print(row("chemtrain, initial model", ct["before"]))
     print(row("chemtrain", ct["after"], ct["wall_s"], ct.get("train_loop_s")))
     print(row("mace-torch (mace_run_train)", ev["after"], mt["wall_s"], mt["train_loop_s"]))
-    print(row("mace-torch, E0s refitted as chemtrain", ev["after_e0_refit"]))
     print("wall s: the whole run; epochs s: its training epochs with their validation passes "
           "(chemtrain: sum of metrics.jsonl time_s; mace-torch: log time from 'Started training' "
           "to 'Training complete', including its initial validation)")
@@ -460,8 +390,7 @@ def main(argv=None) -> int:
     result = {"cores": os.cpu_count(), "data": args.data, "data_sha256": files["sha256"], "seed": args.seed,
               "train": args.train, "valid": args.valid, "test": args.test, "batch": args.batch,
               "epochs": args.epochs, "steps": args.epochs * (args.train // args.batch),
-              "lr": args.lr, "gamma_U": args.gamma_u, "mace_energy_weight": w_e,
-              "mace_forces_weight": w_f, "chemtrain_side": args.chemtrain_side,
+              "lr": args.lr, "energy_weight": w_e, "forces_weight": w_f,
               "mace_model": "best-validation" if args.mace_best else "last epoch",
               "torch_threads": args.torch_threads,
               "chemtrain": {"before": ct.get("before"), "after": ct["after"], "wall_s": ct["wall_s"],
@@ -469,7 +398,7 @@ def main(argv=None) -> int:
                             "n_params": n_ct,
                             "load_end": ct.get("load_end"),
                             "command": ct["command"]},
-              "mace_torch": {"after": ev["after"], "after_e0_refit": ev["after_e0_refit"],
+              "mace_torch": {"after": ev["after"],
                              "wall_s": mt["wall_s"], "train_loop_s": mt["train_loop_s"], "epoch_s": mt["epoch_s"],
                              "eval_s": ev["eval_s"],
                              "load_end": mt["load_end"],

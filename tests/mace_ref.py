@@ -6,6 +6,8 @@ file, and evaluates energies and forces with mace-torch's ASE calculator.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 CONFIGS = {
@@ -89,3 +91,15 @@ def torch_energy_forces(model_path: str, pos, Z, cell=None, dtype="float64"):
     atoms = ase.Atoms(numbers=Z, positions=pos, cell=cell, pbc=cell is not None)
     atoms.calc = _CALCULATORS[model_path, dtype]
     return atoms.get_potential_energy(), atoms.get_forces()
+
+
+STANDIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+                       "mace_jax", "nanotube_standin.npz")
+
+
+def small_standin(folder, n: int = 10) -> str:
+    """The first ``n`` structures of the nanotube stand-in as an MD22 .npz in ``folder``."""
+    full = np.load(STANDIN)
+    path = os.path.join(str(folder), "small.npz")
+    np.savez(path, **{k: (full[k][:n] if k in ("R", "E", "F") else full[k]) for k in full.files})
+    return path

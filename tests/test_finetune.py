@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 import mp
+from mace_ref import STANDIN, small_standin
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(os.path.dirname(HERE), "examples", "mace_jax")
-STANDIN = os.path.join(EXAMPLES, "nanotube_standin.npz")
 TINY = ["--num_channels", "4", "--max_ell", "1", "--correlation", "2", "--r_max", "4.0"]
 SPLIT = ["--n_train", "4", "--n_valid", "2", "--n_test", "2", "--batch_size", "2"]
 LINE = re.compile(r"Test errors, (.+?): energy MAE ([0-9.e+-]+) RMSE ([0-9.e+-]+) eV/atom; "
@@ -72,9 +72,7 @@ def data(tmp_path_factory):
     """Ten stand-in structures as an MD22 .npz and as chemtrain HDF5; Cu cells as extxyz."""
     from chemtrain.data.convert import convert
     d = tmp_path_factory.mktemp("finetune")
-    full = np.load(STANDIN)
-    npz = str(d / "small.npz")
-    np.savez(npz, **{k: (full[k][:10] if k in ("R", "E", "F") else full[k]) for k in full.files})
+    npz = small_standin(d)
     h5 = str(d / "small.h5")
     convert(npz, h5, progress=False)
     xyz = str(d / "cu.xyz")

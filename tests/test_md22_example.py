@@ -13,14 +13,13 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 import mp
+from mace_ref import small_standin
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(os.path.dirname(HERE), "examples", "mace_jax")
-STANDIN = os.path.join(EXAMPLES, "nanotube_standin.npz")
 BENCHMARK = os.path.join(EXAMPLES, "benchmark_md22.py")
 TINY = ["--channels", "4", "--max-ell", "1", "--correlation", "2", "--r-max", "4.0"]
 
@@ -29,9 +28,7 @@ TINY = ["--channels", "4", "--max-ell", "1", "--correlation", "2", "--r-max", "4
 def data(tmp_path_factory):
     """Ten structures of the stand-in as an MD22 .npz."""
     d = tmp_path_factory.mktemp("md22")
-    full = np.load(STANDIN)
-    npz = str(d / "small.npz")
-    np.savez(npz, **{k: (full[k][:10] if k in ("R", "E", "F") else full[k]) for k in full.files})
+    npz = small_standin(d)
     return {"npz": npz, "dir": d}
 
 

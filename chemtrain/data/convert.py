@@ -112,8 +112,8 @@ def _read_npz(path, length, energy) -> dict:
     return out
 
 
-def _read_ase(path) -> dict:
-    """All frames ASE reads from ``path``, as lists (structures may differ in size)."""
+def read_images(path) -> list:
+    """Every structure ASE reads from ``path`` (``ConversionError`` if none)."""
     import ase.io
     try:
         images = ase.io.read(path, index=":")
@@ -122,6 +122,26 @@ def _read_ase(path) -> dict:
                               f"sGDML/MD22 .npz or a file ASE reads (extxyz, ...).") from e
     if not images:
         raise ConversionError(f"{path!r} holds no structures.")
+    return images
+
+
+def full_stress(s, i, path) -> np.ndarray:
+    """A stress read from a file (6 Voigt or 9 numbers, eV/Angstrom^3) as a
+    finite 3x3 array; ``i`` and ``path`` name the structure in the error."""
+    s = np.asarray(s, np.float64)
+    if s.shape == (6,):
+        from ase.stress import voigt_6_to_full_3x3_stress
+        s = voigt_6_to_full_3x3_stress(s)
+    s = s.reshape(3, 3) if s.size == 9 else s
+    if s.shape != (3, 3) or not np.isfinite(s).all():
+        raise ConversionError(f"Structure {i} of {path!r}: the stress must be 6 (Voigt) or 3x3 "
+                              f"finite numbers, got {s.ravel().tolist()}.")
+    return s
+
+
+def _read_ase(path) -> dict:
+    """All frames ASE reads from ``path``, as lists (structures may differ in size)."""
+    images = read_images(path)
     length, energy = units.ANGSTROM_TO_NM, units.EV_TO_KJ_PER_MOL
     rows = {"R": [], "F": [], "U": [], "species": [], "cell": [], "pbc": [], "stress": []}
     for i, a in enumerate(images):
@@ -163,14 +183,7 @@ def _stress(atoms, i, path):
     results = getattr(atoms.calc, "results", None) or {}
     if results.get("stress") is None:
         return None
-    s = np.asarray(results["stress"], np.float64)
-    if s.shape == (6,):
-        from ase.stress import voigt_6_to_full_3x3_stress
-        s = voigt_6_to_full_3x3_stress(s)
-    if s.shape != (3, 3) or not np.isfinite(s).all():
-        raise ConversionError(f"Structure {i} of {path!r}: the stress must be 6 (Voigt) or 3x3 "
-                              f"finite numbers, got {s.tolist()}.")
-    return s
+    return full_stress(results["stress"], i, path)
 
 
 def _graphs(data: dict, n_atoms: int, cutoff: float, capacity, progress: bool) -> dict:

@@ -54,10 +54,11 @@ def _check_folder(out: str, name: str, restart: bool) -> list[str]:
     return []
 
 
-def _load_sets(args, weights, dtype):
-    """(sets, hdf5 training loader or None, notes). ``sets`` hold the raw
-    training structures (all of them, or for HDF5 the columns needed for
-    statistics), and validation and test sets (None where there are none)."""
+def _load_sets(args, weights):
+    """(sets, rows, hdf5): ``sets`` hold the raw training structures (for an
+    HDF5 training file: its training rows, read for statistics only) and the
+    validation and test sets (None where there are none); ``rows`` the split
+    of the training file; ``hdf5`` whether training reads from that file."""
     path = args.train_file
     hdf5 = D.kind(path) == "hdf5"
     if hdf5:
@@ -102,7 +103,7 @@ def run(argv=None) -> dict:
     earlier = _check_folder(out, args.name, args.restart_latest)
     weights = {"U": args.energy_weight, "F": args.forces_weight, "stress": args.stress_weight}
     gammas = M.gammas(args)
-    sets, rows, hdf5 = _load_sets(args, weights, dtype)
+    sets, rows, hdf5 = _load_sets(args, weights)
     train = sets["training"]
     everything = [s for s in sets.values() if s is not None]
     notes = []
@@ -194,15 +195,15 @@ def run(argv=None) -> dict:
 
     test = ready[test_stage]
 
-    def measure():
-        s = R.summary(trainer.predict(test), test)
+    def measure(pred):
+        s = R.summary(pred, test)
         if "stress" in gammas:
             st = trainer.evaluate(test_stage)["stress"]
             s["stress_eV_per_A3"] = {k: v / D.STRESS for k, v in st.items()}
         return s
 
     pred_before = trainer.predict(test)
-    before = measure()
+    before = measure(pred_before)
     label = "starting model" if not earlier else f"restored model (epoch {trainer.epoch})"
     say(R.line(label, before))
     from tqdm.contrib.logging import logging_redirect_tqdm
@@ -212,7 +213,7 @@ def run(argv=None) -> dict:
     if trainer.epoch % args.checkpoint_every:
         trainer.save_checkpoint(os.path.join(ckpt_dir, f"epoch_{trainer.epoch:05d}.npz"))
     pred_after = trainer.predict(test)
-    after = measure()
+    after = measure(pred_after)
     say(R.line(f"trained (epoch {trainer.epoch})", after))
     results = {"before": before, "after": after, "epoch": trainer.epoch, "test_set": test_stage,
                "n_test": len(test["R"]), "test_rows": rows[test_stage].tolist()

@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from .. import units
-from ..data.convert import STRESS, ConversionError, _read_npz
+from ..data.convert import STRESS, ConversionError, _read_npz, full_stress, read_images
 from ..neighbors import GRAPH_KEYS, add_graphs
 
 LENGTH, ENERGY = units.ANGSTROM_TO_NM, units.EV_TO_KJ_PER_MOL
@@ -83,27 +83,16 @@ def _label(atoms, key, per_atom):
     return None if value is None else np.asarray(value, np.float64)
 
 
-def _stress3(s, i, path):
-    if s.shape == (6,):
-        from ase.stress import voigt_6_to_full_3x3_stress
-        s = voigt_6_to_full_3x3_stress(s)
-    s = s.reshape(3, 3) if s.size == 9 else s
-    if s.shape != (3, 3) or not np.isfinite(s).all():
-        raise DataError(f"Structure {i} of {path!r}: a stress is 6 (Voigt) or 9 finite numbers, "
-                        f"got {s.ravel().tolist()}.")
-    return s
-
-
 def _read_ase(path, energy_key, forces_key, stress_key) -> dict:
-    import ase.io
-    from ..data.dataset import pad_systems
     try:
-        images = ase.io.read(path, index=":")
-    except Exception as e:  # noqa: BLE001 - ASE raises many kinds for unreadable files
-        raise DataError(f"ASE cannot read {path!r} ({type(e).__name__}: {e}); give an extxyz "
-                        f"(or any file ASE reads), an MD22 .npz or a chemtrain HDF5 file.") from e
-    if not images:
-        raise DataError(f"{path!r} holds no structures.")
+        return _ase_structures(path, energy_key, forces_key, stress_key)
+    except ConversionError as e:
+        raise DataError(str(e)) from None
+
+
+def _ase_structures(path, energy_key, forces_key, stress_key) -> dict:
+    from ..data.dataset import pad_systems
+    images = read_images(path)
     systems, stresses = [], []
     for i, a in enumerate(images):
         e, f, s = (_label(a, energy_key, False), _label(a, forces_key, True),
@@ -115,7 +104,7 @@ def _read_ase(path, energy_key, forces_key, stress_key) -> dict:
         if f is not None and f.shape != (len(a), 3):
             raise DataError(f"Structure {i} of {path!r}: {forces_key!r} has shape {f.shape}, "
                             f"expected ({len(a)}, 3).")
-        stresses.append(None if s is None else _stress3(s, i, path) * STRESS)
+        stresses.append(None if s is None else full_stress(s, i, path) * STRESS)
         systems.append(row)
     d = pad_systems(systems, per_atom=("R", "F", "species"))
     d["natoms"] = d["mask"].sum(1)

@@ -123,7 +123,7 @@ def gammas(args) -> dict:
     energy_weight / (kJ/mol per eV)^2; forces and stresses likewise."""
     out = {"U": args.energy_weight / ENERGY ** 2, "F": args.forces_weight / FORCE ** 2,
            "stress": args.stress_weight / STRESS ** 2}
-    for k, flag in (("U", "energy"), ("F", "forces"), ("stress", "stress")):
+    for flag in ("energy", "forces", "stress"):
         w = getattr(args, f"{flag}_weight")
         if not (np.isfinite(w) and w >= 0):
             raise DataError(f"--{flag}_weight must be a number >= 0, got {w}.")
