@@ -41,7 +41,7 @@ ScaleShiftMACE with ``--mean 0 --std`` (the RMS force computed here as both
 tools compute it: sqrt of the mean squared training force component).
 
 Optimizer: same batch size, epochs (so the same 30 steps per epoch) and
-learning rate (1e-2, also mace-torch's default); each tool's own defaults
+learning rate (2e-2, the main job's; mace-torch's default is 1e-2); each tool's own defaults
 otherwise. chemtrain's main job: Adam (no AMSGrad, no weight decay, no
 gradient clipping), cosine decay of the learning rate to 5 % over the run,
 no EMA, reports the last epoch. mace-torch's defaults
@@ -63,10 +63,12 @@ Timing on a shared machine: torch's OpenMP threads (one per core) degrade
 badly when other jobs hold the cores. On the 2-core project machine at load
 average 3-5, mace_run_train's epochs took 62-169 s with torch's default
 threads and 12-13 s with ``--torch-threads 1`` (OMP_NUM_THREADS=1); chemtrain's
-took 34-44 s (first epoch 72 s, compiling). The fastest epoch of each side
+took 34-44 s (first epoch 72 s, compiling). On the quiet machine (load below
+2) at the defaults: 6.5-8.8 s and 12.3-14.0 s (README, Benchmarks). The fastest epoch of each side
 (printed) is the least loaded figure. mace-torch is also not bit-reproducible
 on CPU: two runs with the same seed and files agreed for 2 epochs and then
-drifted apart (test force RMSE 0.253 and 0.281 eV/A after 5 epochs).
+drifted apart (test force RMSE 0.253 and 0.281 eV/A after 5 epochs at the
+earlier defaults, learning rate 1e-2).
 
 Output: the chemtrain run's folder (``--work``/chemtrain), mace-torch's
 (``--work``/mace_torch, log in logs/), and ``--work``/result.json. Both tools
@@ -106,9 +108,9 @@ def parse_args(argv=None):
     p.add_argument("--valid", type=int, default=10)
     p.add_argument("--test", type=int, default=50)
     p.add_argument("--seed", type=int, default=0, help="split, initialisation, shuffling")
-    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--epochs", type=int, default=12, help="the main job's")
     p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--lr", type=float, default=1e-2, help="chemtrain's default from scratch")
+    p.add_argument("--lr", type=float, default=2e-2, help="the main job's (mace-torch's default: 1e-2)")
     p.add_argument("--energy-weight", type=float, default=1.0,
                    help="--energy_weight of both tools (mace-torch's units)")
     p.add_argument("--forces-weight", type=float, default=1.0,

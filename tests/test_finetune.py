@@ -133,7 +133,9 @@ def local_outputs(data, foundation):
                      job(data, "npz_jax", "npz", "jax", *cache),
                      job(data, "npz_foundation", "npz", "single", "--foundation_model", foundation,
                          "--trust_foundation_model"),
-                     job(data, "cu_xyz", "xyz", "single", *cu, *cache)], "local")
+                     job(data, "cu_xyz", "xyz", "single", *cu, *cache),
+                     job(data, "npz_zero", "npz", "single", "--no_torch_export", *cache,
+                         epochs=0)], "local")
 
 
 @pytest.fixture(scope="module")
@@ -176,9 +178,11 @@ def check_job(text, out_dir, method, n_shards, epochs=1):
     (start, *before), (final, *after) = lines
     assert final == f"trained (epoch {epochs})", final
     assert np.all(np.isfinite([float(x) for x in before + after])) and after != before
-    with open(os.path.join(out_dir, "parity.png"), "rb") as f:
-        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    assert f"Parity plot: {os.path.join(out_dir, 'parity.png')}" in text
+    for png in ("parity.png", "curve.png"):
+        with open(os.path.join(out_dir, png), "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n", png
+    assert (f"Parity plot: {os.path.join(out_dir, 'parity.png')}; learning curve: "
+            f"{os.path.join(out_dir, 'curve.png')}") in text
     assert os.path.exists(os.path.join(out_dir, "checkpoints", f"epoch_{epochs:05d}.npz"))
     results = json.load(open(os.path.join(out_dir, "results.json")))
     assert results["parallelism"] == method and results["n_shards"] == n_shards
@@ -230,6 +234,18 @@ def test_finetune_single_and_jax(data, local_outputs, name, method, n_shards):
     text = local_outputs[name]
     assert check_npz_job(text, data, name, method, n_shards) == "starting model"
     assert "No --foundation_model: a random MACE" in text and "E0s 'average'" in text
+
+
+def test_finetune_zero_epochs_reports_the_start(data, local_outputs):
+    """--max_num_epochs 0 evaluates and exports the starting model: the
+    folder, results and parity plot exist; there is no curve to draw."""
+    out = data["dir"] / "npz_zero"
+    (start, *before), (final, *after) = LINE.findall(local_outputs["npz_zero"])
+    assert (start, final) == ("starting model", "trained (epoch 0)") and after == before
+    results = json.load(open(out / "results.json"))
+    assert results["epoch"] == 0 and results["after"] == results["before"]
+    assert (out / "parity.png").exists() and (out / "model.npz").exists()
+    assert not (out / "curve.png").exists() and not (out / "model.model").exists()
 
 
 def test_finetune_npz_resume_and_export(data, local_outputs):

@@ -12,7 +12,8 @@ mace-torch ``.model``, a chemtrain ``.npz`` or a random MACE; sets E0s;
 trains with :class:`chemtrain.trainers.ForceMatching` under any
 ``--parallelism`` (also under ``mpirun`` or ``jax.distributed``), with
 checkpoints and ``--restart_latest``; and writes into ``--results_dir``
-``metrics.jsonl`` (one line per epoch), ``parity.png``, ``results.json``
+``metrics.jsonl`` (one line per epoch), ``parity.png``, ``curve.png`` (loss
+and validation force error per epoch), ``results.json``
 and the model as chemtrain ``<name>.npz`` and mace-torch ``<name>.model``.
 """
 from __future__ import annotations
@@ -221,9 +222,14 @@ def run(argv=None) -> dict:
                "parallelism": trainer.strategy.name, "n_shards": trainer.strategy.n_shards,
                "train_file": args.train_file, "config": json.loads(cfg.to_json())}
     if root:
+        os.makedirs(out, exist_ok=True)  # also after 0 epochs, when nothing else made it
         plot = os.path.join(out, "parity.png")
         R.parity_plot(plot, test, {label: pred_before, f"trained, epoch {trainer.epoch}":
                                    pred_after}, f"{test_stage} set: {len(test['R'])} structures")
+        metrics = os.path.join(out, "metrics.jsonl")
+        curve = os.path.join(out, "curve.png")
+        if os.path.exists(metrics) and R.curve_plot(curve, metrics):
+            results["curve_plot"] = curve
         model_npz = os.path.join(out, f"{args.name}.npz")
         mace.save(model_npz, cfg, trainer.params)
         results["model_npz"] = model_npz
@@ -233,7 +239,7 @@ def run(argv=None) -> dict:
             results["model_torch"] = model_torch
         with open(os.path.join(out, "results.json"), "w") as f:
             json.dump(results, f, indent=1)
-        say(f"Parity plot: {plot}")
+        say(f"Parity plot: {plot}" + (f"; learning curve: {curve}" if "curve_plot" in results else ""))
         say(f"Model: {model_npz}" + (f" and {results['model_torch']}" if "model_torch" in results
                                      else ""))
         say("Load it in ASE:\n"

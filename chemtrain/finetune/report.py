@@ -1,5 +1,6 @@
 """Test-set errors in the units chemists quote (energy per atom in eV, force
-components in eV/Angstrom, stress in eV/Angstrom^3) and the parity plot."""
+components in eV/Angstrom, stress in eV/Angstrom^3), the parity plot and the
+learning curve."""
 from __future__ import annotations
 
 import numpy as np
@@ -42,29 +43,75 @@ def line(name: str, s: dict) -> str:
 
 def parity_plot(path: str, ref: dict, curves: dict, title: str) -> None:
     """Prediction against reference per quantity, one colour per model, with
-    MAE and RMSE in the legend."""
+    MAE and RMSE in the legend. Energies per atom are drawn relative to the
+    reference mean (their spread is often meV on an offset of eV). The axes
+    span the references and the last model's predictions: an earlier model
+    far off the diagonal (a random start) is clipped, its errors stay in
+    the legend."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    first = errors(next(iter(curves.values())), ref)
-    refs = {k: v for k, v in references(ref).items() if v.size and k in first}
+    last = errors(list(curves.values())[-1], ref)
+    refs = {k: v for k, v in references(ref).items() if v.size and k in last}
+    offset = {k: (float(np.mean(x)) if k.startswith("energy") else 0.0) for k, x in refs.items()}
     fig, axes = plt.subplots(1, len(refs), figsize=(5 * len(refs), 4.6), squeeze=False)
     for (label, pred), colour in zip(curves.items(), ("#aaaaaa", "#1f77b4", "#d62728")):
         s = summary(pred, ref)
         err = errors(pred, ref)
         for ax, (key, x) in zip(axes[0], refs.items()):
-            ax.scatter(x, x + err[key], s=6 if key.startswith("energy") else 1, alpha=0.6,
-                       color=colour, label=f"{label}: MAE {s[key]['MAE']:.4g}, RMSE "
-                                           f"{s[key]['RMSE']:.4g} {UNITS[key]}")
+            ax.scatter(x - offset[key], x + err[key] - offset[key],
+                       s=6 if key.startswith("energy") else 1, alpha=0.6, color=colour,
+                       label=f"{label}: MAE {s[key]['MAE']:.4g}, RMSE {s[key]['RMSE']:.4g} "
+                             f"{UNITS[key]}")
     for ax, (key, x) in zip(axes[0], refs.items()):
-        lo, hi = ax.get_ylim()
-        lo, hi = min(lo, x.min()), max(hi, x.max())
+        shown = np.concatenate([x, x + last[key]]) - offset[key]
+        lo, hi = float(shown.min()), float(shown.max())
+        pad = 0.05 * (hi - lo) or 1e-6 * max(1.0, abs(lo))
+        lo, hi = lo - pad, hi + pad
         ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
         what = key.split("_")[0]
-        ax.set_xlabel(f"reference {what} ({UNITS[key]})")
-        ax.set_ylabel(f"predicted {what} ({UNITS[key]})")
+        shift = f" - {offset[key]:.5g}" if offset[key] else ""
+        ax.set_xlabel(f"reference {what}{shift} ({UNITS[key]})")
+        ax.set_ylabel(f"predicted {what}{shift} ({UNITS[key]})")
         ax.legend(loc="upper left", fontsize=8, markerscale=4)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def curve_plot(path: str, metrics_file: str) -> bool:
+    """Training and validation loss, and the validation force RMSE (eV/A),
+    against the epoch, from ``metrics.jsonl``; False if it holds no epoch."""
+    import json
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    with open(metrics_file) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    rows = [r for r in rows if "epoch" in r]
+    if not rows:
+        return False
+    epoch = [r["epoch"] + 1 for r in rows]
+    force = [r["val"]["F"]["RMSE"] / FORCE if r.get("val") and "F" in r["val"] else np.nan
+             for r in rows]
+    panels = 2 if np.isfinite(force).any() else 1
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4), squeeze=False)
+    ax = axes[0, 0]
+    ax.semilogy(epoch, [r["train_loss"] for r in rows], "o-", label="training")
+    if any(r.get("val_loss") is not None for r in rows):
+        ax.semilogy(epoch, [r.get("val_loss", np.nan) for r in rows], "s-", label="validation")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("loss")
+    ax.legend()
+    if panels == 2:
+        axes[0, 1].plot(epoch, force, "s-", color="#d62728")
+        axes[0, 1].set_xlabel("epoch")
+        axes[0, 1].set_ylabel("validation force RMSE (eV/Å)")
+        axes[0, 1].set_ylim(bottom=0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

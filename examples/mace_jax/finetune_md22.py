@@ -26,7 +26,7 @@ STANDIN = os.path.join(HERE, "nanotube_standin.npz")
 # chosen by measurement (README, "The MD22 example and its stand-in")
 DEFAULTS = ["--train_file", STANDIN, "--n_train", "60", "--n_valid", "10", "--n_test", "50",
             "--num_channels", "8", "--max_L", "0", "--max_ell", "1", "--correlation", "2",
-            "--r_max", "4.0", "--batch_size", "2", "--max_num_epochs", "5", "--lr", "0.01",
+            "--r_max", "4.0", "--batch_size", "2", "--max_num_epochs", "12", "--lr", "0.02",
             "--energy_weight", "1.0", "--forces_weight", "1.0", "--results_dir", "runs/md22"]
 
 
