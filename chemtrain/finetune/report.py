@@ -72,7 +72,8 @@ def parity_plot(path: str, ref: dict, curves: dict, title: str) -> None:
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
         what = key.split("_")[0]
-        shift = f" - {offset[key]:.5g}" if offset[key] else ""
+        shift = (f" {'-' if offset[key] > 0 else '+'} {abs(offset[key]):.5g}" if offset[key]
+                 else "")
         ax.set_xlabel(f"reference {what}{shift} ({UNITS[key]})")
         ax.set_ylabel(f"predicted {what}{shift} ({UNITS[key]})")
         ax.legend(loc="upper left", fontsize=8, markerscale=4)

@@ -30,12 +30,11 @@ from ..parallel import agree, make_strategy, on_root, raised_everywhere
 from ..simulate.trajectory import (NeighborListOverflowError, SimulationError, make_trajectory,
                                    run_with_restart)
 from . import difftre_io
-from .services import (CheckpointStore, Reporter, check_consistency, close_epoch, collective,
-                       init_state)
+from .services import (CheckpointStore, Reporter, check_consistency, checked_params, close_epoch,
+                       collective, init_state)
+from .state import DifftreState
 
 log = logging.getLogger("chemtrain")
-
-_FIELDS = ("epoch", "update_count", "history", "epoch_losses", "update_losses", "init_runs")
 
 
 class _Functions:
@@ -147,15 +146,13 @@ class _DifftreCore:
         # default device, with uncommitted arrays (so compiled functions are
         # reused whatever produced their inputs)
         self.store = CheckpointStore(self.strategy, checkpoint_path, self.trainer_name,
-                                     replicated=(), fields=_FIELDS)
+                                     replicated=())
         _, _, host_params = init_state(self.strategy, init_params, optimizer)
-        self.params = jax.tree.map(jnp.asarray, host_params)
-        self.opt_state = jax.tree.map(jnp.asarray, self.strategy.broadcast_from_root(
-            jax.tree.map(np.asarray, optimizer.init(self.params))))
+        params = jax.tree.map(jnp.asarray, host_params)
+        self.state = DifftreState(params, jax.tree.map(jnp.asarray, self.strategy.broadcast_from_root(
+            jax.tree.map(np.asarray, optimizer.init(params)))))
         self.statepoints: list[_StatePoint] = []
         self.trajstates: dict[int, list] = {}
-        self.epoch, self.update_count, self.init_runs = 0, 0, 0
-        self.history, self.epoch_losses, self.update_losses = [], [], []
         self.predictions: dict[int, dict] = {}
         self._fixed_cache: dict[int, tuple] = {}  # state point -> (trajs, values, overflows)
         self._templates: dict = {}  # trajectory-state structures (see difftre_io.unpack)
@@ -167,6 +164,24 @@ class _DifftreCore:
     @property
     def n_statepoints(self) -> int:
         return len(self.statepoints)
+
+    # -- state ------------------------------------------------------------------
+    @property
+    def params(self):
+        return self.state.params
+
+    @params.setter
+    def params(self, params) -> None:
+        host = checked_params(self.strategy, jax.tree.map(np.asarray, self.state.params), params)
+        self.state = self.state.replace(params=jax.tree.map(jnp.asarray, host))
+
+    opt_state = property(lambda self: self.state.opt_state)
+    epoch = property(lambda self: self.state.epoch)
+    update_count = property(lambda self: self.state.update_count)
+    init_runs = property(lambda self: self.state.init_runs)
+    history = property(lambda self: self.state.history)
+    epoch_losses = property(lambda self: self.state.epoch_losses)
+    update_losses = property(lambda self: self.state.update_losses)
 
     # -- building state points ----------------------------------------------
     def _add(self, fns, state_kwargs, reference, targets, target_values, n_snapshots, name=None):
@@ -296,7 +311,7 @@ class _DifftreCore:
 
         self.trajstates.update(self._exchange(
             self._agree(compute, "sampling initial trajectories")))
-        self.init_runs = num_runs
+        self.state = self.state.replace(init_runs=num_runs)
 
     # -- training ---------------------------------------------------------------
     @collective
@@ -326,9 +341,8 @@ class _DifftreCore:
                 bar.set_postfix(loss=f"{result['loss']:.4g}")
                 bar.update()
             bar.close()
-            self.epoch, self._mid_epoch = epoch + 1, False
+            self._mid_epoch = False
             loss = float(np.mean([per_sp[i]["loss"] for i in sorted(per_sp)]))
-            self.epoch_losses.append(loss)
             record = {"epoch": epoch, "update": self.update_count, "loss": loss,
                       "step_sizes": step_sizes,
                       "statepoints": [per_sp[i] for i in sorted(per_sp)]}
@@ -337,8 +351,13 @@ class _DifftreCore:
                     f"recomputed, min N_eff {min(r['n_eff'] for r in record['statepoints']):.1f}")
             record["comm_s"] = self.strategy.host_max(self._comm_s)
             record["wait_s"] = self.strategy.host_max(self._wait_s)
-            close_epoch(self, record, text, epochs, started, checkpoint_freq,
-                        capture=self._capture, loss=f"{loss:.4g}")
+            close_epoch(self.strategy, self.reporter, record, text, epochs, started,
+                        loss=f"{loss:.4g}")
+            self.state = self.state.replace(epoch=epoch + 1,
+                                            epoch_losses=[*self.state.epoch_losses, loss],
+                                            history=[*self.state.history, record])
+            if checkpoint_freq and self.epoch % checkpoint_freq == 0:
+                self.store.save_epoch(self.epoch, *self._capture())
         if self.plot_file:
             self.plot(self.plot_file)
 
@@ -409,10 +428,10 @@ class _DifftreCore:
         new_params = self._apply(params, updates, scale)
         if not all(bool(jnp.all(jnp.isfinite(p))) for p in jax.tree.leaves(new_params)):
             self._fail(f"The update gives non-finite parameters in {where}.", epoch)
-        self.params, self.opt_state = new_params, opt_state
+        self.state = self.state.replace(params=new_params, opt_state=opt_state,
+                                        update_count=self.state.update_count + 1,
+                                        update_losses=[*self.state.update_losses, loss])
         self.trajstates.update(new)
-        self.update_count += 1
-        self.update_losses.append(loss)
         if self.consistency_check_every and self.update_count % self.consistency_check_every == 0:
             self.check_consistency()
         records = {}
@@ -471,11 +490,11 @@ class _DifftreCore:
     def check_consistency(self) -> None:
         """Raise ``TrainingError`` naming the first leaf of parameters or
         optimizer state whose replicas differ between processes."""
-        check_consistency(self.strategy, self.store.capture(self)[0], self.update_count)
+        check_consistency(self.strategy, self.store.host(self.state)[0], self.update_count)
 
     # -- files ------------------------------------------------------------------
     def _capture(self, with_trajstates=True):
-        trees, meta = self.store.capture(self)
+        trees, meta = self.store.host(self.state)
         meta = dict(meta, reweight_ratio=self.reweight_ratio, n_statepoints=self.n_statepoints,
                     sim_batch_size=self.sim_batch_size)
         if with_trajstates and self.trajstates:
@@ -500,11 +519,12 @@ class _DifftreCore:
         """Continue from a checkpoint of this trainer (same state points and
         sim_batch_size); also load its trajectory states unless
         ``trajstates=False``."""
-        meta = self.store.restore(self, path, same=("n_shards", "n_statepoints", "sim_batch_size"))
+        state, meta, _ = self.store.restore(
+            path, self.state, {"n_shards": self.strategy.n_shards,
+                               "n_statepoints": self.n_statepoints,
+                               "sim_batch_size": self.sim_batch_size})
+        self.state = jax.tree.map(jnp.asarray, state)  # uncommitted, as trained ones
         self._mid_epoch = False
-        self.params = jax.tree.map(jnp.asarray, self.params)
-        self.opt_state = jax.tree.map(jnp.asarray, self.opt_state)
-        self.history, self.epoch_losses = list(self.history), list(self.epoch_losses)
         if trajstates and meta.get("trajstates"):
             self.load_trajstates(path)
 

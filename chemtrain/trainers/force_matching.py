@@ -20,14 +20,11 @@ from ..learn.step import make_reduced, make_update
 from ..models.template import as_template
 from ..parallel import make_strategy, raised_everywhere
 from .services import (CheckpointStore, Reporter, TrainingError, add_trees, check_consistency,
-                       close_epoch, collective, init_state, run_steps)
+                       checked_params, close_epoch, collective, init_state, run_steps)
 from .stages import DataStages, global_batch
+from .state import FMState
 
 log = logging.getLogger("chemtrain")
-
-_STATE = dict(trees=("params", "opt_state", "best_params"),  # what a checkpoint holds
-              fields=("epoch", "step", "seed", "batch", "best_loss", "train_losses",
-                      "val_losses", "history"))
 
 
 class ForceMatching:
@@ -52,6 +49,12 @@ class ForceMatching:
       check_vma: shard_map's varying-axis check; None takes the template's.
       consistency_check_every: every k steps compare checksums of the state
         across processes and raise naming the first leaf that differs.
+
+    The resumable state is one :class:`~chemtrain.trainers.state.FMState`,
+    ``trainer.state``; ``params``, ``opt_state``, ``epoch``, ``step``,
+    ``history`` and the other fields read it. Assigning ``trainer.params``
+    hands in new parameters of the same structure (e.g. from another
+    trainer of the same model); the optimizer state is kept.
     """
 
     def __init__(self, init_params, optimizer: optax.GradientTransformation, energy_fn_template,
@@ -68,18 +71,16 @@ class ForceMatching:
         with self.strategy.failure_guard():
             batch = global_batch(batch, batch_per_device, self.strategy.n_shards, warn=True)
             self.strategy.check_batch(batch)
-            self.batch, self.seed, self.optimizer = int(batch), seed, optimizer
+            self.batch, self.optimizer = int(batch), optimizer
             self.gammas, self.weights_keys = fm.check_gammas(gammas), dict(weights_keys or {})
             self.consistency_check_every = consistency_check_every
             self.reporter = Reporter(self.strategy, log_file, progress)
-            self.store = CheckpointStore(self.strategy, checkpoint_path, "ForceMatching", **_STATE)
+            self.store = CheckpointStore(self.strategy, checkpoint_path, "ForceMatching")
             self.data = DataStages(self.strategy, self.batch, ("R", *self.gammas,
                                    *self.weights_keys.values()), self.weights_keys.values(),
                                    template.validate_dataset, nbrs_init, seed)
-            self.params, self.opt_state, self.best_params = init_state(self.strategy, init_params,
-                                                                       optimizer)
-            self.best_loss, self.epoch, self.step = float("inf"), 0, 0
-            self.train_losses, self.val_losses, self.history = [], [], []
+            params, opt_state, host_params = init_state(self.strategy, init_params, optimizer)
+            self.state = FMState(params, opt_state, host_params, seed=seed)
             exclude = {"R", *fm.TARGETS, VALID, *self.weights_keys.values()}
             predict = fm.make_predictor(template, nbrs_init, self.strategy.vary)
             loss_fn = fm.make_shard_loss(predict, self.gammas, self.weights_keys, exclude)
@@ -91,6 +92,30 @@ class ForceMatching:
                 in_sharded=(False, True), out_sharded=True)
         if self.strategy.is_root:
             log.info("ForceMatching: %s, global batch %d", self.strategy.describe(), self.batch)
+
+    # -- state --------------------------------------------------------------
+    @property
+    def params(self):
+        return self.state.params
+
+    @params.setter
+    def params(self, params) -> None:
+        host = checked_params(self.strategy, self.strategy.to_host(self.state.params), params)
+        self.state = self.state.replace(params=self.strategy.replicate(host))
+
+    opt_state = property(lambda self: self.state.opt_state)
+    best_params = property(lambda self: self.state.best_params)
+    best_loss = property(lambda self: self.state.best_loss)
+    epoch = property(lambda self: self.state.epoch)
+    step = property(lambda self: self.state.step)
+    seed = property(lambda self: self.state.seed)
+    train_losses = property(lambda self: self.state.train_losses)
+    val_losses = property(lambda self: self.state.val_losses)
+    history = property(lambda self: self.state.history)
+
+    def _capture(self):
+        trees, meta = self.store.host(self.state)
+        return trees, dict(meta, batch=self.batch)
 
     # -- data ---------------------------------------------------------------
     @collective
@@ -130,42 +155,50 @@ class ForceMatching:
                 lambda s, i, applied: self._failed(s, i, applied, epoch),
                 self.reporter.bar(len(loader), f"epoch {epoch}"), self.step,
                 self.consistency_check_every, self.check_consistency)
-            self.step += n_steps
+            step = self.state.step + n_steps
+            self.state = self.state.replace(step=step)
             host = self.strategy.to_host(total)
-            record = {"epoch": epoch, "step": self.step, "train_loss": float(host["loss"]) / n_steps,
+            record = {"epoch": epoch, "step": step, "train_loss": float(host["loss"]) / n_steps,
                       "train_parts": {t: float(host["parts"][t]) / n_steps for t in self.gammas}}
-            self.train_losses.append(monitored := record["train_loss"])
+            monitored = record["train_loss"]
+            done = dict(train_losses=[*self.state.train_losses, monitored])
             text = f"epoch {epoch}: train loss {monitored:.5g}"
             if "validation" in self.data:
                 val = self.evaluate("validation")
-                self.val_losses.append(monitored := val["loss"])
+                monitored = val["loss"]
+                done["val_losses"] = [*self.state.val_losses, monitored]
                 record.update(val_loss=monitored, val={t: val[t] for t in self.gammas})
                 text += f", val loss {monitored:.5g}" + (
                     f", val force MAE {val['F']['MAE']:.4g} kJ/mol/nm" if "F" in val else "")
-            self.epoch = epoch + 1
-            if monitored < self.best_loss:
-                self.best_loss, self.best_params = monitored, self.strategy.to_host(self.params)
-            close_epoch(self, record, text, epochs, start, checkpoint_freq,
+            if monitored < self.state.best_loss:
+                done.update(best_loss=monitored, best_params=self.strategy.to_host(self.params))
+            close_epoch(self.strategy, self.reporter, record, text, epochs, start,
                         train=f"{record['train_loss']:.4g}",
                         val=f"{record.get('val_loss', float('nan')):.4g}")
+            self.state = self.state.replace(epoch=epoch + 1, history=[*self.state.history, record],
+                                            **done)
+            if checkpoint_freq and self.epoch % checkpoint_freq == 0:
+                self.store.save_epoch(self.epoch, *self._capture())
 
     def _step(self, batch):
-        self.params, self.opt_state, s = self._update(self.params, self.opt_state, batch)
+        params, opt_state, s = self._update(self.state.params, self.state.opt_state, batch)
+        self.state = self.state.replace(params=params, opt_state=opt_state)
         return dict(s, sum={"loss": s["loss"], "parts": s["parts"]})
 
     def _failed(self, stats, index, applied, epoch):
-        self.step += applied
+        self.state = self.state.replace(step=self.state.step + applied)
         nbr_errors, loss = self.strategy.to_host((stats["nbr_errors"], stats["loss"]))
         self.store.fail(fm.failed_step_message(int(nbr_errors), float(loss),
                                                f"step {index} of epoch {epoch}"),
-                        *self.store.capture(self))
+                        *self._capture())
 
     # -- evaluation ---------------------------------------------------------
     @collective
     def check_consistency(self, step: int | None = None) -> None:
         """Raise ``TrainingError`` naming the first leaf of parameters or
         optimizer state whose replicas differ between processes."""
-        check_consistency(self.strategy, self.store.capture(self)[0], self.step if step is None else step)
+        check_consistency(self.strategy, self.store.host(self.state)[0],
+                          self.step if step is None else step)
 
     @collective
     def evaluate(self, stage: str = "validation", params=None) -> dict:
@@ -200,11 +233,12 @@ class ForceMatching:
     @collective
     def save_checkpoint(self, path: str) -> None:
         """Write the full training state to ``path`` (root process, atomic)."""
-        self.store.save(path, *self.store.capture(self))
+        self.store.save(path, *self._capture())
 
     @collective
     def restore(self, path: str) -> None:
         """Continue from a checkpoint written by this trainer (read on the root)
         with the same number of shards and batch."""
-        self.store.restore(self, path, same=("n_shards", "batch"))
+        self.state, _, _ = self.store.restore(
+            path, self.state, {"n_shards": self.strategy.n_shards, "batch": self.batch})
         self.data.reseed(self.seed)

@@ -26,10 +26,17 @@ import numpy as np
 from .. import checkpoint as ckpt
 from ..parallel.failures import on_root, raised_everywhere
 from ._progress import progress_bar
+from .state import TrainerState
 
 SERVICES_READY = True
 
 log = logging.getLogger("chemtrain")
+
+# the layout of a trainer state in a checkpoint's header: 1 was written by
+# trainers that copied attributes by name, 2 by TrainerState; both hold the
+# same fields
+STATE_VERSION = 2
+READABLE_STATE_VERSIONS = (1, 2)
 
 
 def collective(method):
@@ -99,46 +106,51 @@ class CheckpointStore:
       trainer: the trainer's name, stored in and checked on every file.
     """
 
-    def __init__(self, strategy, folder: str, trainer: str, trees=("params", "opt_state"),
-                 replicated=("params", "opt_state"), fields=("epoch", "step")):
+    def __init__(self, strategy, folder: str, trainer: str, replicated=("params", "opt_state")):
         self.strategy = strategy
         self.folder = folder
         self.trainer = trainer
-        self.trees, self.replicated, self.fields = tuple(trees), tuple(replicated), tuple(fields)
+        self.replicated = tuple(replicated)
         self.run_id = strategy.bcast_object(uuid.uuid4().hex if strategy.is_root else None)
         self._folder_checked = False
 
-    def capture(self, trainer) -> tuple[dict, dict]:
-        """(trees, meta) of a trainer's state: host copies of the attributes
-        named in ``trees`` and the JSON-able attributes named in ``fields``."""
-        trees = {name: self.strategy.to_host(getattr(trainer, name)) if name in self.replicated
-                 else jax.tree.map(np.asarray, getattr(trainer, name)) for name in self.trees}
-        return trees, {name: getattr(trainer, name) for name in self.fields}
+    def host(self, state: TrainerState) -> tuple[dict, dict]:
+        """(trees, meta) of ``state`` (a :class:`~.state.TrainerState`): host
+        numpy copies of its array fields and its plain fields, the two parts
+        of a checkpoint."""
+        trees, plain = state.split()
+        return ({name: self.strategy.to_host(tree) if name in self.replicated
+                 else jax.tree.map(np.asarray, tree) for name, tree in trees.items()},
+                dict(plain, state_version=STATE_VERSION))
 
-    def restore(self, trainer, path: str, same=("n_shards",)) -> dict:
-        """Load ``path`` (see :meth:`load`) into ``trainer``'s attributes,
-        placing the ``replicated`` trees on the devices; return the metadata.
-        The run must match the checkpoint's in ``same`` (the number of shards
-        and trainer attributes such as the batch)."""
+    def restore(self, path: str, state: TrainerState, settings: Mapping,
+                templates: Mapping | None = None) -> tuple[TrainerState, dict, dict]:
+        """Read ``path`` (see :meth:`load`) as a state of ``state``'s class
+        and shape, with the ``replicated`` arrays placed on the devices.
+        The checkpoint must have been written with the same ``settings``
+        (``{name: this run's value}``: the number of shards, the batch, ...).
+        ``templates`` adds further trees to read (name -> host pytree).
+        Returns (new state, metadata, the further trees)."""
         def check(meta):
-            ours = {k: self.strategy.n_shards if k == "n_shards" else getattr(trainer, k)
-                    for k in same}
-            theirs = {k: meta.get(k) for k in same}
-            if ours != theirs:
+            theirs = {k: meta.get(k) for k in settings}
+            if theirs != dict(settings):
                 text = lambda d: ", ".join(f"{k}={v}" for k, v in d.items())  # noqa: E731
                 raise ckpt.CheckpointError(
                     f"{path!r} was written by a run with {text(theirs)}; this run has "
-                    f"{text(ours)}. Resume with the same settings (n_shards: the number of "
+                    f"{text(settings)}. Resume with the same settings (n_shards: the number of "
                     f"devices or MPI ranks).")
-        meta, trees = self.load(path, self.capture(trainer)[0], check)
-        for name in self.trees:
-            value = trees[name]
-            setattr(trainer, name, self.strategy.replicate(value) if name in self.replicated
-                    else value)
-        for name in self.fields:
-            value = meta[name]
-            setattr(trainer, name, list(value) if isinstance(value, list) else value)
-        return meta
+            version = meta.get("state_version", 1)
+            if version not in READABLE_STATE_VERSIONS:
+                raise ckpt.CheckpointError(
+                    f"{path!r} holds a trainer state of version {version}; this chemtrain reads "
+                    f"versions {READABLE_STATE_VERSIONS}. Use the chemtrain that wrote it.")
+        own = self.host(state)[0]
+        meta, trees = self.load(path, {**own, **(templates or {})}, check)
+        placed = {name: self.strategy.replicate(trees[name]) if name in self.replicated
+                  else trees[name] for name in own}
+        # version 1 (attribute-by-attribute trainers) stored the same fields
+        restored = type(state).join(placed, {k: meta[k] for k in type(state).plain_fields()})
+        return restored, meta, {name: trees[name] for name in (templates or {})}
 
     def _meta(self, meta: Mapping, kind: str) -> dict:
         return dict(meta, kind=kind, trainer=self.trainer, run_id=self.run_id,
@@ -330,16 +342,30 @@ def init_state(strategy, init_params, optimizer):
     return strategy.replicate(host_params), strategy.replicate(host_opt), host_params
 
 
-def close_epoch(trainer, record: dict, text: str, epochs_bar, started: float,
-                checkpoint_freq: int | None, capture: Callable | None = None,
-                **postfix) -> None:
-    """End an epoch of ``trainer`` (which has ``strategy``, ``reporter``,
-    ``store``, ``history`` and ``epoch``): the slowest process's time, the
-    history, the report and, every ``checkpoint_freq`` epochs, a checkpoint
-    of ``capture()`` (default: the store's capture of the trainer)."""
-    record["time_s"] = trainer.strategy.host_max(time.perf_counter() - started)
-    trainer.history.append(record)
-    trainer.reporter.report(record, f"{text} ({record['time_s']:.2f} s)", epochs_bar, **postfix)
-    if checkpoint_freq and trainer.epoch % checkpoint_freq == 0:
-        trees, meta = capture() if capture is not None else trainer.store.capture(trainer)
-        trainer.store.save_epoch(trainer.epoch, trees, meta)
+def close_epoch(strategy, reporter, record: dict, text: str, epochs_bar, started: float,
+                **postfix) -> dict:
+    """End an epoch: the slowest process's time into ``record``, then the
+    report (log line, bar, metrics file). Returns ``record``; the trainer
+    adds it to its state's history and checkpoints."""
+    record["time_s"] = strategy.host_max(time.perf_counter() - started)
+    reporter.report(record, f"{text} ({record['time_s']:.2f} s)", epochs_bar, **postfix)
+    return record
+
+
+def checked_params(strategy, current, params):
+    """``params`` as host numpy (the root's values on every process), after
+    checking that they have the structure, shapes and dtypes of ``current``
+    (host numpy): how one trainer hands its parameters to another."""
+    host = strategy.broadcast_from_root(jax.tree.map(np.asarray, params))
+    want, got = jax.tree.structure(current), jax.tree.structure(host)
+    if want != got:
+        raise raised_everywhere(ValueError(
+            f"The new parameters have another structure than the trainer's: expected {want}, "
+            f"got {got}."))
+    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(current)[0],
+                            jax.tree.leaves(host)):
+        if np.shape(a) != np.shape(b) or np.asarray(a).dtype != np.asarray(b).dtype:
+            raise raised_everywhere(ValueError(
+                f"Parameter {jax.tree_util.keystr(path)}: expected shape {np.shape(a)} and dtype "
+                f"{np.asarray(a).dtype}, got {np.shape(b)} and {np.asarray(b).dtype}."))
+    return host

@@ -1,0 +1,137 @@
+"""A trainer's resumable state as one frozen structure.
+
+Each trainer keeps everything a run needs to continue in one
+:class:`TrainerState` (``FMState`` for force matching, ``DifftreState`` for
+DiffTRe): a frozen dataclass that is also a JAX pytree. Its array fields,
+named in ``TREES`` (parameters, optimizer state, ...), are the pytree's
+children; all other fields are plain data (numbers, strings, lists and dicts
+of them) and travel as the pytree's static part. So
+``jax.tree.map(np.asarray, state)`` copies the arrays and keeps the
+bookkeeping, and a checkpoint is exactly :meth:`TrainerState.split`'s two
+parts: nothing is copied attribute by attribute, and a field added to a
+state class is in every checkpoint without further code.
+
+Trainers never mutate a state; an update builds the next one with
+:meth:`TrainerState.replace`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any, ClassVar, Mapping
+
+import jax
+
+
+def _plain(value, where: str):
+    """``value`` as JSON-able plain data (tuples become lists), or TypeError."""
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, where) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v, where) for k, v in value.items()}
+    raise TypeError(f"{where} must be plain data (numbers, strings, lists, dicts), got "
+                    f"{type(value).__name__}.")
+
+
+class TrainerState:
+    """Base of the frozen state classes: subclass with
+    ``@dataclasses.dataclass(frozen=True)`` and name the array fields in
+    ``TREES``; every other field must hold plain data."""
+
+    TREES: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        jax.tree_util.register_pytree_with_keys(
+            cls, lambda s: s._flatten_with_keys(), lambda aux, kids: cls._unflatten(aux, kids),
+            lambda s: s._flatten())
+
+    # -- the two parts ------------------------------------------------------
+    @classmethod
+    def plain_fields(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.TREES)
+
+    def split(self) -> tuple[dict, dict]:
+        """(trees, plain): the array fields as a dict of pytrees and the other
+        fields as JSON-able plain data (a checkpoint's two parts)."""
+        values = {f.name: self.__dict__[f.name] for f in dataclasses.fields(self)}
+        trees = {name: values[name] for name in self.TREES}
+        plain = {name: _plain(values[name], f"{type(self).__name__}.{name}")
+                 for name in self.plain_fields()}
+        return trees, plain
+
+    @classmethod
+    def join(cls, trees: Mapping[str, Any], plain: Mapping[str, Any]):
+        """The state made of :meth:`split`'s two parts (lists stay lists)."""
+        missing = [n for n in (*cls.TREES, *cls.plain_fields())
+                   if n not in (trees if n in cls.TREES else plain)]
+        if missing:
+            raise KeyError(f"{cls.__name__} needs {missing}.")
+        return cls(**{n: trees[n] for n in cls.TREES},
+                   **{n: plain[n] for n in cls.plain_fields()})
+
+    def replace(self, **changes):
+        """A copy with ``changes`` (the state itself never changes)."""
+        return dataclasses.replace(self, **changes)
+
+    # -- pytree -------------------------------------------------------------
+    def _aux(self) -> str:
+        # the static part as canonical JSON: hashable and compared by value
+        return json.dumps(self.split()[1], sort_keys=True, allow_nan=True)
+
+    def _flatten(self):
+        return tuple(self.__dict__[n] for n in self.TREES), self._aux()
+
+    def _flatten_with_keys(self):
+        return (tuple((jax.tree_util.GetAttrKey(n), self.__dict__[n]) for n in self.TREES),
+                self._aux())
+
+    @classmethod
+    def _unflatten(cls, aux: str, children):
+        return cls.join(dict(zip(cls.TREES, children)), json.loads(aux))
+
+
+@dataclasses.dataclass(frozen=True)
+class FMState(TrainerState):
+    """What a :class:`~chemtrain.trainers.ForceMatching` run continues from:
+    parameters, optimizer state and the best parameters so far (arrays);
+    epoch and step counts, the batch-order seed, the best monitored loss and
+    the per-epoch histories (plain data)."""
+
+    TREES: ClassVar[tuple[str, ...]] = ("params", "opt_state", "best_params")
+
+    params: Any
+    opt_state: Any
+    best_params: Any
+    epoch: int = 0
+    step: int = 0
+    seed: int = 0
+    best_loss: float = math.inf
+    train_losses: list = dataclasses.field(default_factory=list)
+    val_losses: list = dataclasses.field(default_factory=list)
+    history: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class DifftreState(TrainerState):
+    """What a DiffTRe run continues from: parameters and optimizer state
+    (arrays); epoch and update counts, the number of initial runs and the
+    histories (plain data). The trajectory states, which a checkpoint holds
+    as well, are kept beside it (their plain-data form is
+    :mod:`chemtrain.trainers.difftre_io`'s)."""
+
+    TREES: ClassVar[tuple[str, ...]] = ("params", "opt_state")
+
+    params: Any
+    opt_state: Any
+    epoch: int = 0
+    update_count: int = 0
+    init_runs: int = 0
+    history: list = dataclasses.field(default_factory=list)
+    epoch_losses: list = dataclasses.field(default_factory=list)
+    update_losses: list = dataclasses.field(default_factory=list)

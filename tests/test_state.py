@@ -1,0 +1,145 @@
+"""Trainer state as one frozen pytree (chemtrain.trainers.state): what a
+checkpoint holds, parameters handed from one trainer to another, and
+checkpoints written before the state was one structure (``tests/data/``,
+written by 7ca1dec) restoring and continuing exactly."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import problems
+from difftre_systems import bonded_pair
+from legacy import FM_SETUP, difftre_setup
+from chemtrain import checkpoint as ckpt
+from chemtrain.trainers import ForceMatching
+from chemtrain.trainers.state import DifftreState, FMState
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+
+
+def _equal(a, b):
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    return (jax.tree.structure(a) == jax.tree.structure(b)
+            and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb)))
+
+
+def _same_run(a, b):
+    """Equal arrays (bitwise) and equal plain fields but for timings (time_s,
+    comm_s, wait_s)."""
+    untimed = lambda s: {k: ([{kk: vv for kk, vv in r.items() if not kk.endswith("_s")}  # noqa: E731
+                              for r in v]
+                             if k == "history" else v) for k, v in s.split()[1].items()}
+    leaves = lambda s: jax.tree.leaves(s.split()[0])  # noqa: E731
+    return (untimed(a) == untimed(b) and len(leaves(a)) == len(leaves(b))
+            and all(np.array_equal(np.asarray(x), np.asarray(y))
+                    for x, y in zip(leaves(a), leaves(b))))
+
+
+def test_state_is_a_frozen_pytree_of_its_arrays():
+    """Only the array fields are leaves; the plain fields survive a tree
+    map; a changed plain field changes the tree structure; no field can be
+    assigned; a field that is not plain data is refused when split."""
+    s = FMState({"w": np.ones(2)}, {"m": np.zeros(2)}, {"w": np.ones(2)}, epoch=3,
+                history=[{"loss": 1.5}])
+    assert len(jax.tree.leaves(s)) == 3
+    t = jax.tree.map(lambda x: x + 1, s)
+    assert isinstance(t, FMState) and t.epoch == 3 and t.history == [{"loss": 1.5}]
+    np.testing.assert_array_equal(t.params["w"], 2.0)
+    assert jax.tree.structure(s) != jax.tree.structure(s.replace(epoch=4))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.epoch = 5
+    trees, plain = s.split()
+    assert set(trees) == {"params", "opt_state", "best_params"}
+    assert plain == {"epoch": 3, "step": 0, "seed": 0, "best_loss": float("inf"),
+                     "train_losses": [], "val_losses": [], "history": [{"loss": 1.5}]}
+    assert _equal(FMState.join(trees, plain), s)
+    with pytest.raises(TypeError, match="history must be plain data"):
+        s.replace(history=[object()]).split()
+    assert DifftreState.plain_fields() == ("epoch", "update_count", "init_runs", "history",
+                                           "epoch_losses", "update_losses")
+
+
+def _fm(tmp_path, name):
+    data, params, template, nbrs = problems.mlp_problem(n_frames=FM_SETUP["n_frames"])
+    tr = ForceMatching(params, problems.adam(), template, nbrs, batch=FM_SETUP["batch"],
+                       parallelism="single", checkpoint_path=str(tmp_path / name), progress=False,
+                       seed=FM_SETUP["seed"])
+    tr.set_datasets(data, train_ratio=FM_SETUP["train_ratio"], val_ratio=FM_SETUP["val_ratio"])
+    return tr
+
+
+def test_force_matching_checkpoint_of_7ca1dec_restores_and_continues(tmp_path):
+    """The old file's arrays and counters come back as they were written;
+    training on from it equals training on from the same state saved by
+    this version (bitwise), and the new file holds the same parts."""
+    path = os.path.join(DATA, "force_matching_v1.npz")
+    meta, leaves = ckpt.load(path)
+    assert "state_version" not in meta  # written before the version existed
+
+    old = _fm(tmp_path, "a")
+    old.restore(path)
+    assert old.epoch == meta["epoch"] == 1 and old.step == meta["step"] > 0
+    assert old.history == meta["history"] and old.seed == FM_SETUP["seed"]
+    flat = [np.asarray(x) for x in jax.tree.leaves(old.strategy.to_host(old.params))]
+    assert all(np.array_equal(a, b) for a, b in zip(flat, leaves["params"]))
+
+    resaved = str(tmp_path / "v2.npz")
+    old.save_checkpoint(resaved)
+    meta2, leaves2 = ckpt.load(resaved)
+    assert meta2["state_version"] == 2
+    assert {k: v for k, v in meta2.items() if k not in ("state_version", "run_id")} == \
+        {k: v for k, v in meta.items() if k != "run_id"}
+    assert leaves2.keys() == leaves.keys()
+
+    new = _fm(tmp_path, "b")
+    new.restore(resaved)
+    old.train(1)
+    new.train(1)
+    assert old.step == new.step and old.history[-1]["train_loss"] == new.history[-1]["train_loss"]
+    assert _same_run(old.strategy.to_host(old.state), new.strategy.to_host(new.state))
+
+
+def test_difftre_checkpoint_of_7ca1dec_restores_and_continues(tmp_path):
+    """The same for DifftreParallel, trajectory states included."""
+    path = os.path.join(DATA, "difftre_v1.npz")
+    meta, leaves = ckpt.load(path)
+    old = bonded_pair(**difftre_setup(), checkpoint_path=str(tmp_path / "a"))
+    old.restore(path)
+    assert old.epoch == 1 and old.update_count == meta["update_count"] == 1
+    assert old.update_losses == meta["update_losses"] and old.init_runs == 1
+    assert all(np.array_equal(np.asarray(a), b)
+               for a, b in zip(jax.tree.leaves(old.params), leaves["params"]))
+    resaved = str(tmp_path / "v2.npz")
+    old.save_checkpoint(resaved)
+    new = bonded_pair(**difftre_setup(), checkpoint_path=str(tmp_path / "b"))
+    new.restore(resaved)
+    old.train(1)
+    new.train(1)
+    assert old.update_losses == new.update_losses
+    assert _same_run(old.state, new.state)
+
+
+def test_params_handed_over_between_trainers(tmp_path):
+    """Assigning ``params`` gives a trainer another trainer's parameters
+    (training goes on from them, optimizer state kept); parameters of
+    another structure or shape are refused, naming the leaf."""
+    a, b = _fm(tmp_path, "a"), _fm(tmp_path, "b")
+    a.train(1)
+    opt_before = b.strategy.to_host(b.opt_state)
+    b.params = a.params
+    assert _equal(b.strategy.to_host(b.params), a.strategy.to_host(a.params))
+    assert _equal(b.strategy.to_host(b.opt_state), opt_before)
+    b.train(1)
+    assert b.epoch == 1 and np.isfinite(b.history[-1]["train_loss"])
+    with pytest.raises(ValueError, match="another structure"):
+        b.params = {"only": jnp.zeros(3)}
+    leaf = jax.tree.leaves(a.params)[0]
+    wrong = jax.tree.map(lambda x: jnp.zeros(x.shape + (1,), x.dtype) if x is leaf else x,
+                         a.params)
+    with pytest.raises(ValueError, match="expected shape"):
+        b.params = wrong
