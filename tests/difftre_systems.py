@@ -65,20 +65,16 @@ def bonded_pair(n_statepoints=3, **kwargs):
     return DifftreParallel(**bonded_pair_args(n_statepoints, **kwargs))
 
 
-def record_updates(trainer):
-    """Wrap the trainer's update so that each appends (state points of the
-    batch, parameters before, parameters after) to the returned list: test
-    instrumentation for the gradient of each update."""
-    records, update = [], trainer._update
+def update_recorder():
+    """(records, on_update): pass ``on_update`` to the trainer; each applied
+    update appends (state points of the batch, parameters before, after)."""
+    records = []
 
-    def recorded(batch, epoch):
-        before = {k: float(v) for k, v in trainer.params.items()}
-        result = update(batch, epoch)
-        records.append({"batch": list(batch), "before": before,
-                        "after": {k: float(v) for k, v in trainer.params.items()}})
-        return result
-    trainer._update = recorded
-    return records
+    def on_update(r):
+        records.append({"batch": list(r["batch"]),
+                        "before": {k: float(v) for k, v in r["params_before"].items()},
+                        "after": {k: float(v) for k, v in r["params_after"].items()}})
+    return records, on_update
 
 
 def overflowing_lj(**kwargs):

@@ -39,7 +39,7 @@ def main():
     import optax
     from mpi4py import MPI
 
-    from difftre_systems import bonded_pair, overflowing_lj, record_updates
+    from difftre_systems import bonded_pair, overflowing_lj, update_recorder
 
     rank = MPI.COMM_WORLD.rank
     out = args.out
@@ -96,9 +96,9 @@ def main():
         tr.train(2)
         write("resumed", state(tr))
         # folding: 5 state points in batches [0, 1] and [2, 3, 4], plain SGD
+        records, on_update = update_recorder()
         tr = bonded_pair(5, sim_batch_size=2, optimizer=optax.sgd(1e-3), parallelism="mpi",
-                         checkpoint_path=folder("fold"))
-        records = record_updates(tr)
+                         checkpoint_path=folder("fold"), on_update=on_update)
         tr.initialize_trajstates()
         tr.train(2)
         write("fold", dict(state(tr), updates=records))

@@ -18,7 +18,7 @@ import pytest
 
 import mp
 from chemtrain.checkpoint import CheckpointError
-from difftre_systems import bonded_pair, record_updates
+from difftre_systems import bonded_pair, update_recorder
 
 SCRIPT = os.path.join(mp.HERE, "mp_difftre.py")
 
@@ -41,9 +41,9 @@ def main_run(tmp_path_factory):
 
 
 def single_run(folder, n_statepoints, sim_batch_size, epochs, **kwargs):
+    records, on_update = update_recorder()
     tr = bonded_pair(n_statepoints, sim_batch_size=sim_batch_size, parallelism="single",
-                     checkpoint_path=str(folder), **kwargs)
-    records = record_updates(tr)
+                     checkpoint_path=str(folder), on_update=on_update, **kwargs)
     tr.initialize_trajstates()
     tr.train(epochs)
     return tr, records
@@ -123,6 +123,7 @@ def test_remainder_is_folded_and_gradient_is_the_true_batch_mean(main_run, singl
                                              3: 2 * epoch + 1, 4: 2 * epoch + 1}
     assert [r["batch"] for r in ranks[0]["updates"]] == [[0, 1], [2, 3, 4]] * 2
     # SGD: the step is -lr x the gradient; each equals the single process's
+    assert len(ranks[0]["updates"]) == len(records) == 4  # 2 epochs of 2 updates
     for mpi, one in zip(ranks[0]["updates"], records):
         assert mpi["batch"] == one["batch"]
         assert_close(mpi["before"], one["before"])

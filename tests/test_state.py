@@ -143,3 +143,26 @@ def test_params_handed_over_between_trainers(tmp_path):
                          a.params)
     with pytest.raises(ValueError, match="expected shape"):
         b.params = wrong
+
+
+def test_on_update_reports_every_applied_update(tmp_path):
+    """DiffTRe's public callback: one record per update, in order, chained
+    (each update starts from the previous one's parameters), ending at the
+    trainer's parameters, with the per-state-point records of the history.
+    Something not callable is refused."""
+    records = []
+    tr = bonded_pair(**dict(difftre_setup(), n_statepoints=2), on_update=records.append,
+                     checkpoint_path=str(tmp_path))
+    tr.initialize_trajstates()
+    tr.train(2)
+    assert [r["update"] for r in records] == list(range(tr.update_count)) == [0, 1, 2, 3]
+    assert [r["batch"] for r in records] == [[0], [1], [0], [1]]
+    assert [r["epoch"] for r in records] == [0, 0, 1, 1]
+    for a, b in zip(records, records[1:]):
+        assert _equal(a["params_after"], b["params_before"])
+        assert not _equal(a["params_before"], a["params_after"])
+    assert _equal(records[-1]["params_after"], tr.params)
+    assert [r["loss"] for r in records] == tr.update_losses
+    assert records[-1]["statepoints"][1] == tr.history[-1]["statepoints"][1]
+    with pytest.raises(TypeError, match="on_update must be a function"):
+        bonded_pair(**difftre_setup(), on_update="print")

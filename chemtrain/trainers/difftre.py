@@ -64,6 +64,12 @@ class DifftreParallel(_DifftreCore):
         targets at its end; ``plot_x`` gives x values of array observables
         (e.g. ``{'rdf': bin_centers}``).
       vmap_batch: snapshots evaluated at once in the loss.
+      on_update: optional ``fn(record)`` called on every process after each
+        applied update, with ``record`` a dict: ``update`` (its index),
+        ``epoch``, ``batch`` (the state points), ``params_before``,
+        ``params_after``, ``loss``, ``step_size`` and ``statepoints``
+        (state point -> the per-state-point record of the epoch's
+        ``history``: loss, parts, N_eff, recomputed, predictions, targets).
 
     Attributes after training: ``params``, ``opt_state``, ``trajstates``
     (state point -> list of :class:`chemtrain.simulate.TrajState`, one per
@@ -88,7 +94,7 @@ class DifftreParallel(_DifftreCore):
                  log_file: str | None = None, plot_file: str | None = None,
                  plot_x: Mapping | None = None, progress: bool = True,
                  consistency_check_every: int | None = None, vmap_batch: int | None = 10,
-                 name: str = "difftre"):
+                 name: str = "difftre", on_update: Callable | None = None):
         n = _check_batch_inputs(state_kwargs, targets, reference_states)
         dt.resolve_observables(targets, quantities, observables)
         dt.statepoint_batches(n, sim_batch_size)
@@ -99,7 +105,8 @@ class DifftreParallel(_DifftreCore):
                     overflow_capacity_multiplier=overflow_capacity_multiplier,
                     max_neighbor_retries=max_neighbor_retries, checkpoint_path=checkpoint_path,
                     log_file=log_file, plot_file=plot_file, plot_x=plot_x, progress=progress,
-                    consistency_check_every=consistency_check_every, name=name)
+                    consistency_check_every=consistency_check_every, name=name,
+                    on_update=on_update)
         with self.strategy.failure_guard():
             specs = {k: {kk: vv for kk, vv in v.items() if kk != "target"}
                      for k, v in targets.items()}
@@ -169,7 +176,8 @@ class Difftre(_DifftreCore):
                  max_neighbor_retries: int = 3, checkpoint_path: str = "checkpoints",
                  log_file: str | None = None, plot_file: str | None = None,
                  plot_x: Mapping | None = None, progress: bool = True,
-                 consistency_check_every: int | None = None, name: str = "difftre"):
+                 consistency_check_every: int | None = None, name: str = "difftre",
+                 on_update: Callable | None = None):
         self.energy_fn_template = energy_fn_template
         self._default_loss_fn = loss_fn
         self._setup(key, init_params, optimizer, sim_batch_size=sim_batch_size,
@@ -179,7 +187,8 @@ class Difftre(_DifftreCore):
                     overflow_capacity_multiplier=overflow_capacity_multiplier,
                     max_neighbor_retries=max_neighbor_retries, checkpoint_path=checkpoint_path,
                     log_file=log_file, plot_file=plot_file, plot_x=plot_x, progress=progress,
-                    consistency_check_every=consistency_check_every, name=name)
+                    consistency_check_every=consistency_check_every, name=name,
+                    on_update=on_update)
 
     @collective
     def add_statepoint(self, energy_fn_template, simulator_template, neighbor_fn, timings,

@@ -109,12 +109,15 @@ class _DifftreCore:
     def _setup(self, key, init_params, optimizer, *, sim_batch_size, parallelism, reweight_ratio,
                step_size_search, allowed_reduction, n_step_candidates,
                overflow_capacity_multiplier, max_neighbor_retries, checkpoint_path, log_file,
-               plot_file, plot_x, progress, consistency_check_every, name):
+               plot_file, plot_x, progress, consistency_check_every, name, on_update=None):
         if not (isinstance(reweight_ratio, (int, float)) and 0.0 <= reweight_ratio <= 1.0):
             raise ValueError(f"reweight_ratio must be a number in [0, 1] (recompute when "
                              f"N_eff < reweight_ratio * N), got {reweight_ratio!r}.")
         if not 0.0 < allowed_reduction <= 1.0:
             raise ValueError(f"allowed_reduction must be in (0, 1], got {allowed_reduction!r}.")
+        if on_update is not None and not callable(on_update):
+            raise TypeError(f"on_update must be a function of one record (a dict), got "
+                            f"{type(on_update).__name__}.")
         if not isinstance(optimizer, optax.GradientTransformation):
             raise TypeError(f"optimizer must be an optax.GradientTransformation, got "
                             f"{type(optimizer).__name__}.")
@@ -141,6 +144,7 @@ class _DifftreCore:
         self.plot_file, self.plot_x = plot_file, dict(plot_x or {})
         self.consistency_check_every = consistency_check_every
         self.name = name
+        self.on_update = on_update
         self.reporter = Reporter(self.strategy, log_file, progress)
         # DiffTRe places nothing: every process computes whole state points on its
         # default device, with uncommitted arrays (so compiled functions are
@@ -447,6 +451,10 @@ class _DifftreCore:
                           "recomputed": bool(buf["recomputed"][j]),
                           "predictions": {k: pred[k].tolist() for k in names},
                           "targets": {k: np.asarray(sp.target_values[k]).tolist() for k in names}}
+        if self.on_update is not None:
+            self.on_update({"update": self.update_count - 1, "epoch": epoch, "batch": list(batch),
+                            "params_before": params, "params_after": new_params, "loss": loss,
+                            "step_size": scale, "statepoints": records})
         return {"loss": loss, "step_size": scale, "statepoints": records}
 
     def _loss_and_grad(self, sp, params, trajs):
