@@ -28,7 +28,6 @@ are (nm inside chemtrain).
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from typing import Callable
 
 import numpy as np
@@ -38,7 +37,6 @@ import jax.numpy as jnp
 from .data.dataset import GRAPH_KEYS  # the data layout owns the names
 
 _FORMATS = {"sparse": "Sparse", "dense": "Dense", "ordered_sparse": "OrderedSparse"}
-_CUTOFFS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # update_fn -> cutoff
 
 
 class SmallCellError(ValueError):
@@ -159,11 +157,6 @@ def _box_matrix(box, dtype=None):
     return box
 
 
-def volume(box):
-    """Cell volume ``|det box|`` (0 for a missing or flat cell), traceable."""
-    return jnp.abs(jnp.linalg.det(_box_matrix(box)))
-
-
 # ------------------------------------------------------------ cell geometry
 
 def _as_matrices(box) -> tuple[np.ndarray, bool]:
@@ -257,8 +250,9 @@ def neighbor_list(displacement_fn: Callable, box, cutoff: float, *, format: str 
     side and at least ``cell_list_min_atoms`` atoms (below that the all-pairs
     search is as fast). A list with a cell list cannot take a different
     ``box=`` per call unless ``fractional_coordinates``. ``box=`` given to
-    ``allocate`` is checked too. The list remembers ``cutoff``
-    (:func:`list_cutoff`) so trainers can check the cells of their data.
+    ``allocate`` is checked too. The lists it allocates (and their
+    updates) carry ``cutoff``: :func:`list_cutoff`, so that trainers and
+    quantities can check what the list reaches.
     """
     from jax_md import partition
     if format not in _FORMATS:
@@ -293,8 +287,7 @@ def neighbor_list(displacement_fn: Callable, box, cutoff: float, *, format: str 
             check_minimum_image(kwargs["box"], cutoff, name="The box given to allocate")
         nbrs = fns(int(np.shape(positions)[0]), box_now).allocate(
             positions, extra_capacity=extra_capacity, **kwargs)
-        _CUTOFFS[nbrs.update_fn] = float(cutoff)
-        return nbrs
+        return dataclasses.replace(nbrs, update_fn=_UpdateWithCutoff(nbrs.update_fn, cutoff))
 
     def update(positions, nbrs, **kwargs):
         return nbrs.update(positions, **kwargs)
@@ -302,18 +295,36 @@ def neighbor_list(displacement_fn: Callable, box, cutoff: float, *, format: str 
     return partition.NeighborListFns(allocate, update)
 
 
+class _UpdateWithCutoff:
+    """The ``update_fn`` of a list from :func:`neighbor_list`: jax-md's,
+    with the list's cutoff attached; every updated list carries it again.
+    Compared by value (it is a static field of the list's pytree)."""
+
+    def __init__(self, fn: Callable, cutoff: float):
+        self.fn, self.cutoff = fn, float(cutoff)
+
+    def __call__(self, positions, nbrs, **kwargs):
+        out = self.fn(positions, nbrs, **kwargs)
+        return dataclasses.replace(out, update_fn=self)
+
+    def __eq__(self, other):
+        return (isinstance(other, _UpdateWithCutoff) and other.fn is self.fn
+                and other.cutoff == self.cutoff)
+
+    def __hash__(self):
+        return hash((id(self.fn), self.cutoff))
+
+
 def list_cutoff(nbrs) -> float | None:
-    """The cutoff of a jax-md neighbor list: the one given to
-    :func:`neighbor_list`, else the reach (``r_cutoff + dr_threshold``)
-    jax-md's own ``neighbor_list`` keeps, else None (unknown)."""
+    """The cutoff of a jax-md neighbor list: the one a list from
+    :func:`neighbor_list` carries, else the reach (``r_cutoff +
+    dr_threshold``) that jax-md's own ``neighbor_list`` closes over (jax-md
+    stores it nowhere else), else None (unknown)."""
     update_fn = getattr(nbrs, "update_fn", None)
+    if isinstance(update_fn, _UpdateWithCutoff):
+        return update_fn.cutoff
     if update_fn is None:
         return None
-    try:
-        if update_fn in _CUTOFFS:
-            return _CUTOFFS[update_fn]
-    except TypeError:
-        pass
     import inspect
     try:
         value = inspect.getclosurevars(update_fn).nonlocals.get("cutoff")

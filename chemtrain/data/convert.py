@@ -50,6 +50,7 @@ import sys
 import numpy as np
 
 from .. import units
+from ..neighbors import host_edges, pad_edges
 from .dataset import GRAPH_KEYS
 
 LENGTH = {"angstrom": units.ANGSTROM_TO_NM, "nm": 1.0}
@@ -189,7 +190,6 @@ def _stress(atoms, i, path):
 def _graphs(data: dict, n_atoms: int, cutoff: float, capacity, progress: bool) -> dict:
     """Precomputed graphs of every structure (unpadded positions, nm)."""
     from tqdm.auto import tqdm
-    from ..neighbors import host_edges, pad_edges
     if not (np.isfinite(cutoff) and cutoff > 0):
         raise ConversionError(f"graph_cutoff must be a positive length in nm, got {cutoff!r}.")
     n = len(data["U"])

@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..ensemble import box_kwargs, energy_kwargs
+
 # -- reweighting ----------------------------------------------------------
 
 
@@ -143,15 +145,6 @@ def statepoint_loss(predictions: Mapping, targets: Mapping, target_values: Mappi
     return loss, parts
 
 
-def snapshot_energy_kwargs(snapshot, state_kwargs: Mapping) -> dict:
-    """Keyword arguments of the energy function for one snapshot: the
-    non-ensemble ``state_kwargs`` and, for NPT states, the snapshot's box."""
-    from ..simulate.trajectory import ENSEMBLE_KEYS, state_box_kwargs
-    out = {k: v for k, v in state_kwargs.items() if k not in ENSEMBLE_KEYS}
-    out.update(state_box_kwargs(snapshot))
-    return out
-
-
 def _map(fn, xs, batch_size):
     n = jax.tree.leaves(xs)[0].shape[0]
     if batch_size is None or batch_size >= n:
@@ -172,16 +165,15 @@ def make_snapshot_evaluator(energy_fn_template: Callable | None,
     Without a template (None) no energy is computed (U is None) and the
     quantities must not use the potential. ``vmap_batch`` snapshots are
     evaluated at once (None: all)."""
-    from ..simulate.trajectory import state_box_kwargs
     quantities = dict(quantities or {})
 
     def evaluate(params, chains, state_kwargs):
         energy_fn = energy_fn_template(params) if energy_fn_template is not None else _no_energy
 
         def one(nbrs0, snapshot):
-            nbrs = nbrs0.update(snapshot.position, **state_box_kwargs(snapshot))
+            nbrs = nbrs0.update(snapshot.position, **box_kwargs(snapshot))
             U = None if energy_fn_template is None else energy_fn(
-                snapshot.position, neighbor=nbrs, **snapshot_energy_kwargs(snapshot, state_kwargs))
+                snapshot.position, neighbor=nbrs, **energy_kwargs(snapshot, state_kwargs))
             q = {name: fn(snapshot, neighbor=nbrs, energy_fn=energy_fn, **state_kwargs)
                  for name, fn in quantities.items()}
             return U, q, nbrs.did_buffer_overflow
@@ -209,11 +201,10 @@ def potential_dependent(quantities: Mapping, snapshot, nbrs, state_kwargs: Mappi
     (and so depend on the parameters), found by tracing each on one
     snapshot. The others depend on the snapshot alone: their values can be
     computed once per trajectory and reused while reweighting."""
-    from ..simulate.trajectory import state_box_kwargs
     dependent = set()
     for name, fn in quantities.items():
         def probe(s, nb, kw, fn=fn):
-            return fn(s, neighbor=nb.update(s.position, **state_box_kwargs(s)),
+            return fn(s, neighbor=nb.update(s.position, **box_kwargs(s)),
                       energy_fn=_no_energy, **kw)
         try:
             jax.eval_shape(probe, snapshot, nbrs, dict(state_kwargs))

@@ -29,7 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..data.loader import VALID
-from ..neighbors import GRAPH_KEYS, graph_from, mask_graph, volume
+from ..ensemble import volume
+from ..neighbors import GRAPH_KEYS, graph_from, mask_graph
 
 TARGETS = ("U", "F", "stress")
 
@@ -60,7 +61,7 @@ def mask_neighbors(nbrs, mask):
     return dataclasses.replace(nbrs, idx=jnp.where(keep, idx, n))
 
 
-def energy_kwargs(batch: Mapping, exclude) -> dict:
+def batch_kwargs(batch: Mapping, exclude) -> dict:
     """The batch entries that go to the energy function as keyword arguments."""
     return {k: v for k, v in batch.items() if k not in exclude}
 
@@ -176,7 +177,7 @@ def make_shard_loss(predict: Callable, gammas: Mapping[str, float],
     targets = tuple(gammas)
 
     def loss_fn(params, batch):
-        pred, nbr_error = predict(params, batch["R"], energy_kwargs(batch, inputs_exclude),
+        pred, nbr_error = predict(params, batch["R"], batch_kwargs(batch, inputs_exclude),
                                   stress="stress" in targets)
         valid = batch[VALID]
         capacity = valid.shape[0]
@@ -204,7 +205,7 @@ def make_metric_sums(predict: Callable, gammas: Mapping[str, float],
     targets = tuple(gammas)
 
     def sums(params, batch):
-        pred, nbr_error = predict(params, batch["R"], energy_kwargs(batch, inputs_exclude),
+        pred, nbr_error = predict(params, batch["R"], batch_kwargs(batch, inputs_exclude),
                                   stress="stress" in targets)
         valid = batch[VALID]
         fvalid = valid.astype(pred["U"].dtype)

@@ -1,14 +1,11 @@
-"""Helpers shared by the quantity modules: the box, volume and keyword
-arguments a snapshot gives to displacements and energy functions."""
+"""Helpers shared by the quantity modules: the box of a snapshot and the
+masses of a state (the keyword arguments a state gives and volumes are in
+:mod:`chemtrain.ensemble`)."""
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ..simulate.trajectory import ENSEMBLE_KEYS
-
-
-def is_npt(state) -> bool:
-    return hasattr(state, "box_position")
+from ..ensemble import box_kwargs, energy_kwargs, is_npt, volume  # noqa: F401 (used by the quantities)
 
 
 def snapshot_box(state, box, kwargs):
@@ -24,32 +21,6 @@ def snapshot_box(state, box, kwargs):
     raise ValueError("This quantity needs the simulation box: pass box=... to its factory (a "
                      "scalar side, a vector of sides or a box matrix, in nm), or in "
                      "state_kwargs.")
-
-
-def volume(box, dim: int):
-    box = jnp.asarray(box)
-    if box.ndim == 0:
-        return box ** dim
-    if box.ndim == 1:
-        return jnp.prod(box)
-    return jnp.abs(jnp.linalg.det(box))
-
-
-def displacement_kwargs(state) -> dict:
-    """Keyword arguments for the displacement: the box of an NPT state
-    (fractional coordinates), nothing for fixed boxes."""
-    if is_npt(state):
-        from jax_md import simulate
-        return {"box": simulate.npt_box(state)}
-    return {}
-
-
-def energy_kwargs(state, kwargs) -> dict:
-    """Keyword arguments for the energy function: the NPT box plus the
-    non-reserved state_kwargs (the same the trajectory generator uses)."""
-    out = {k: v for k, v in kwargs.items() if k not in ENSEMBLE_KEYS}
-    out.update(displacement_kwargs(state))
-    return out
 
 
 def masses(state):

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..neighbors import neighbor_pairs
-from ._common import displacement_kwargs, snapshot_box, volume
+from ._common import box_kwargs, snapshot_box, volume
 
 _WINDOW = 6.0  # Gaussian kernels are cut at this many standard deviations
 
@@ -126,7 +126,7 @@ def rdf(displacement_fn, rdf_params, box=None, r_cut: float | None = None):
                                                                      - edges[:-1] ** dim)
         i, j, weight = neighbor_pairs(neighbor, n)
         real = (i < n) & (j < n)
-        dkw = displacement_kwargs(state)
+        dkw = box_kwargs(state)
         dR = jax.vmap(lambda a, b: displacement_fn(a, b, **dkw))(
             R[jnp.minimum(i, n - 1)], R[jnp.minimum(j, n - 1)])
         r = jnp.sqrt(jnp.where(real, jnp.sum(dR * dR, axis=-1), 1.0))
@@ -183,7 +183,7 @@ def adf(displacement_fn, adf_params, box=None, max_neighbors: int | None = None)
                              "fn(state, neighbor=nbrs).")
         R = state.position
         n = R.shape[0]
-        dkw = displacement_kwargs(state)
+        dkw = box_kwargs(state)
         disp = jax.vmap(lambda a, b: displacement_fn(a, b, **dkw))
 
         def within(i, j):

@@ -24,11 +24,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..ensemble import ENSEMBLE_KEYS, box_kwargs, is_npt
+
 log = logging.getLogger("chemtrain")
 
-# state_kwargs that describe the ensemble: consumed by the simulator, never
-# passed to the energy function (quantities and the DiffTRe loss use the same)
-ENSEMBLE_KEYS = ("kT", "pressure", "mass", "box")
+# kept under its old public name (chemtrain.simulate.state_box_kwargs)
+state_box_kwargs = box_kwargs
 
 
 class NeighborListOverflowError(RuntimeError):
@@ -164,20 +165,6 @@ class TrajState(NamedTuple):
         return int(self.nbrs.max_occupancy)
 
 
-def is_npt(state) -> bool:
-    """Whether ``state`` is a jax-md NPT state (it carries its box)."""
-    return hasattr(state, "box_position")
-
-
-def state_box_kwargs(state) -> dict:
-    """``{'box': box}`` of an NPT state (for its energy, displacement and
-    neighbor-list update), ``{}`` otherwise."""
-    if is_npt(state):
-        from jax_md import simulate
-        return {"box": simulate.npt_box(state)}
-    return {}
-
-
 def _check_kT(state_kwargs: dict, where: str) -> None:
     if "kT" not in state_kwargs:
         raise ValueError(
@@ -266,7 +253,7 @@ def make_trajectory(simulator_template: Callable, energy_fn_template: Callable, 
             sim_state = sim_state.set(rng=key)
         # Continue with forces of the new parameters, not the stored ones.
         force = jmd_quantity.force(energy_fn)(sim_state.position, neighbor=nbrs,
-                                              **state_box_kwargs(sim_state), **energy_kwargs)
+                                              **box_kwargs(sim_state), **energy_kwargs)
         sim_state = sim_state.set(force=force)
 
         def step(carry, _):
@@ -276,7 +263,7 @@ def make_trajectory(simulator_template: Callable, energy_fn_template: Callable, 
             def advance(args):
                 s, nb = args
                 s = apply(s, neighbor=nb, **step_kwargs, **energy_kwargs)
-                return s, nb.update(s.position, **state_box_kwargs(s))
+                return s, nb.update(s.position, **box_kwargs(s))
 
             new_state, new_nbrs = jax.lax.cond(failed, lambda a: a, advance, (state, nbrs))
             bad_nbrs = new_nbrs.did_buffer_overflow != 0
@@ -290,7 +277,7 @@ def make_trajectory(simulator_template: Callable, energy_fn_template: Callable, 
         def printout(carry, _):
             carry, _ = jax.lax.scan(step, carry, None, length=timings.steps_per_printout)
             state, nbrs = carry[0], carry[1]
-            U = energy_fn(state.position, neighbor=nbrs, **state_box_kwargs(state),
+            U = energy_fn(state.position, neighbor=nbrs, **box_kwargs(state),
                           **energy_kwargs)
             return carry, (state, U)
 
@@ -347,7 +334,7 @@ def restart_state(traj_state: TrajState, neighbor_fn, overflow_capacity_multipli
                          f"{overflow_capacity_multiplier}.")
     state = traj_state.last_valid_state
     target = int(math.ceil(traj_state.capacity * overflow_capacity_multiplier))
-    nbrs = allocate_with_capacity(neighbor_fn, state.position, target, **state_box_kwargs(state))
+    nbrs = allocate_with_capacity(neighbor_fn, state.position, target, **box_kwargs(state))
     return TrajState(sim_state=state, nbrs=nbrs, last_valid_position=state.position,
                      overflow=jnp.asarray(False), nonfinite=jnp.asarray(False),
                      last_valid_state=state, last_valid_step=jnp.asarray(0),

@@ -88,7 +88,7 @@ class ForceMatching:
             self._sums = make_reduced(fm.make_metric_sums(predict, self.gammas, self.weights_keys,
                                                           exclude), self.strategy)
             self._predict = self.strategy.compile(
-                lambda p, b: predict(p, b["R"], fm.energy_kwargs(b, exclude))[0],
+                lambda p, b: predict(p, b["R"], fm.batch_kwargs(b, exclude))[0],
                 in_sharded=(False, True), out_sharded=True)
         if self.strategy.is_root:
             log.info("ForceMatching: %s, global batch %d", self.strategy.describe(), self.batch)
