@@ -70,9 +70,15 @@ def test_missing_key(tmp_path, key):
 
 
 def test_missing_target_is_fine_when_not_trained(tmp_path):
+    """Data without energies train a forces-only loss: one finite epoch,
+    reported for F alone."""
     tr, data = build(tmp_path, gammas={"F": 1.0})
     tr.set_datasets({k: v for k, v in data.items() if k != "U"}, train_ratio=0.5)
     tr.train(1)
+    (record,) = tr.history
+    assert tr.epoch == 1 and record["train_parts"].keys() == {"F"}
+    assert np.isfinite(record["train_loss"]) and record["train_loss"] > 0
+    assert set(tr.evaluate("validation")) == {"F", "loss", "n_structures"}
 
 
 @pytest.mark.parametrize("key", ["R", "U", "F"])
