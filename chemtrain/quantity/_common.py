@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ..ensemble import box_kwargs, energy_kwargs, is_npt, volume  # noqa: F401 (used by the quantities)
+from ..ensemble import is_npt
 
 
 def snapshot_box(state, box, kwargs):

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..neighbors import neighbor_pairs
-from ._common import box_kwargs, snapshot_box, volume
+from ..ensemble import box_kwargs, volume
+from ._common import snapshot_box
 
 _WINDOW = 6.0  # Gaussian kernels are cut at this many standard deviations
 

@@ -8,7 +8,8 @@
   extra); :func:`save` / :func:`load`: the converted model as plain data;
   :func:`export_mace_torch`: write a mace-torch ``.model`` file back.
 """
-from chemtrain.models.mace.model import MaceConfig, Layer, init_params, node_energies, param_shapes
+from chemtrain.models.mace.model import MaceConfig, Layer, node_energies
+from chemtrain.models.mace.params import init_params, param_shapes
 from chemtrain.models.mace.energy import (energy_fn_template, species_to_elements, check_species,
                                           UnknownElementError, LENGTH_TO_ANGSTROM, ENERGY_TO_KJ_PER_MOL,
                                           CHECK_VMA)

@@ -24,6 +24,7 @@ import logging
 import numpy as np
 
 from chemtrain.models.mace import model as M
+from chemtrain.models.mace.params import param_shapes
 from chemtrain.models.mace.torch_io import (UnsupportedModelError, _import_torch, config_from_torch,
                                             contraction_bases)
 
@@ -196,7 +197,7 @@ def _leaves(params):
 
 def _check_shapes(cfg: M.MaceConfig, params) -> None:
     import jax
-    shapes = M.param_shapes(cfg)
+    shapes = param_shapes(cfg)
     is_shape = lambda x: isinstance(x, tuple) and all(isinstance(i, int) for i in x)  # noqa: E731
     want, tree_w = jax.tree_util.tree_flatten(shapes, is_leaf=is_shape)
     got, tree_g = jax.tree_util.tree_flatten(params)

@@ -18,7 +18,8 @@ import numpy as np
 from chemtrain import checkpoint
 from chemtrain.checkpoint import CheckpointError
 from chemtrain.models.mace import model as M
-from chemtrain.models.mace.model import MaceConfig, zeros_like_shapes
+from chemtrain.models.mace.model import MaceConfig
+from chemtrain.models.mace.params import zeros_like_shapes
 from chemtrain.models.mace.torch_io import UnsupportedModelError, UntrustedFileError, load_mace_torch
 
 KIND = "chemtrain-mace"

@@ -15,6 +15,7 @@ import os
 import numpy as np
 
 from chemtrain.models.mace import model as M
+from chemtrain.models.mace.params import param_shapes
 
 INSTALL_HINT = ("Loading mace-torch files needs PyTorch and mace-torch: "
                 "pip install 'chemtrain[mace-torch]' (or pip install torch mace-torch).")
@@ -254,7 +255,7 @@ def _split(flat_w, shapes):
 
 def params_from_torch(m, cfg: M.MaceConfig, dtype=None):
     """The parameter pytree of a mace-torch model (numpy arrays)."""
-    shapes = M.param_shapes(cfg)
+    shapes = param_shapes(cfg)
     if dtype is None:
         dtype = _np(m.interactions[0].linear_up.weight).dtype
     sd = {k: _np(v).astype(np.float64) for k, v in m.state_dict().items()}
