@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..learn import difftre as dt
-from .difftre_core import _DifftreCore, _Functions
+from .difftre_core import _DifftreCore
+from .statepoint import StatePointFunctions
 from .services import collective
 
 log = logging.getLogger("chemtrain")
@@ -110,7 +111,7 @@ class DifftreParallel(_DifftreCore):
         with self.strategy.failure_guard():
             specs = {k: {kk: vv for kk, vv in v.items() if kk != "target"}
                      for k, v in targets.items()}
-            fns = _Functions(energy_fn_template, simulator_template, neighbor_fn, timings,
+            fns = StatePointFunctions(energy_fn_template, simulator_template, neighbor_fn, timings,
                                   quantities, specs, observables, loss_fn, vmap_batch)
             reference = jnp.asarray(reference_states)
             for i in range(n):
@@ -216,7 +217,7 @@ class Difftre(_DifftreCore):
         energy_fn_template = energy_fn_template or self.energy_fn_template
         if energy_fn_template is None:
             raise ValueError("add_statepoint needs an energy_fn_template (or give one to Difftre).")
-        fns = _Functions(energy_fn_template, simulator_template, neighbor_fn, timings, quantities,
+        fns = StatePointFunctions(energy_fn_template, simulator_template, neighbor_fn, timings, quantities,
                          specs, observables, loss_fn or self._default_loss_fn, vmap_batch)
         first = self.statepoints[0] if self.statepoints else None
         if first is not None and sorted(first.targets) != sorted(specs):

@@ -16,9 +16,7 @@ only.
 from __future__ import annotations
 
 import logging
-import math
 import time
-import zlib
 
 import jax
 import jax.numpy as jnp
@@ -26,82 +24,20 @@ import numpy as np
 import optax
 
 from ..learn import difftre as dt
-from ..parallel import agree, make_strategy, on_root, raised_everywhere
-from ..simulate.trajectory import (NeighborListOverflowError, SimulationError, make_trajectory,
-                                   run_with_restart)
+from ..learn import difftre_update as du
+from ..parallel import agree, make_strategy, raised_everywhere
+from ..simulate.trajectory import NeighborListOverflowError, SimulationError, run_with_restart
 from . import difftre_io
+from .difftre_files import DifftreFiles
 from .services import (CheckpointStore, Reporter, check_consistency, checked_params, close_epoch,
                        collective, init_state)
 from .state import DifftreState
+from .statepoint import StatePoint, chains_of, energies_of, fingerprint, make_statepoint
 
 log = logging.getLogger("chemtrain")
 
 
-class _Functions:
-    """The compiled functions of state points that share a potential,
-    simulator, quantities and targets (DifftreParallel: all of them)."""
-
-    def __init__(self, energy_fn_template, simulator_template, neighbor_fn, timings, quantities,
-                 targets, observables, loss_fn, vmap_batch):
-        self.init_fn, self.run_fn = make_trajectory(simulator_template, energy_fn_template,
-                                                    neighbor_fn, timings)
-        self.neighbor_fn = neighbor_fn
-        self._loss_args = (energy_fn_template, dict(quantities), targets, observables, loss_fn,
-                           vmap_batch)
-        dt.resolve_observables(targets, quantities, observables, require_values=False)
-        self.fixed = None  # quantities that ignore the potential, known after the first trajectory
-        n_eff = dt.make_neff_fn(energy_fn_template, vmap_batch)
-
-        def candidates(params, updates, scales, chains, U_ref, state_kwargs):
-            return jax.lax.map(lambda a: n_eff(dt.scaled_params(params, updates, a), chains, U_ref,
-                                               state_kwargs), scales)
-        self.n_eff_candidates = jax.jit(candidates)
-
-    def prepare(self, trajs, state_kwargs):
-        """Sort the quantities into potential-dependent ones (evaluated in the
-        loss) and the others (evaluated once per trajectory), then build the
-        loss."""
-        if self.fixed is not None:
-            return
-        template, quantities, targets, observables, loss_fn, vmap_batch = self._loss_args
-        snapshot = jax.tree.map(lambda x: x[0], trajs[0].snapshots)
-        dependent = dt.potential_dependent(quantities, snapshot, trajs[0].nbrs, state_kwargs)
-        self.fixed = tuple(k for k in quantities if k not in dependent)
-        loss = dt.make_statepoint_loss(template, quantities, targets, observables, loss_fn,
-                                       vmap_batch, fixed=self.fixed)
-        self.loss_and_grad = jax.jit(jax.value_and_grad(loss, has_aux=True))
-        self.fixed_values = jax.jit(dt.make_snapshot_evaluator(
-            None, {k: quantities[k] for k in self.fixed}, vmap_batch))
-
-
-class _StatePoint:
-    """Everything fixed about one state point: its functions and data."""
-
-    def __init__(self, index, name, fns, state_kwargs, reference, targets, target_values,
-                 n_snapshots):
-        self.index, self.name, self.fns = index, name, fns
-        self.init_fn, self.run_fn, self.neighbor_fn = fns.init_fn, fns.run_fn, fns.neighbor_fn
-        self.state_kwargs = state_kwargs  # this state point's values, as jnp arrays
-        self.reference = reference        # (chains, N, dim) initial positions
-        self.targets = targets            # {name: {'gamma', 'loss_fn'?, 'target'}}
-        self.target_values = target_values
-        self.n_snapshots = n_snapshots * reference.shape[0]
-
-
-def _chains(trajs):
-    return [(t.snapshots, t.nbrs) for t in trajs]
-
-
-def _U_ref(trajs):
-    return jnp.concatenate([jnp.ravel(t.U_ref) for t in trajs])
-
-
-def _host(x):
-    return jax.tree.map(lambda a: np.asarray(a, np.float64) if np.issubdtype(
-        np.asarray(a).dtype, np.floating) else np.asarray(a), x)
-
-
-class _DifftreCore:
+class _DifftreCore(DifftreFiles):
     """The training loop shared by :class:`DifftreParallel` and :class:`Difftre`."""
 
     trainer_name = "Difftre"
@@ -155,7 +91,7 @@ class _DifftreCore:
         params = jax.tree.map(jnp.asarray, host_params)
         self.state = DifftreState(params, jax.tree.map(jnp.asarray, self.strategy.broadcast_from_root(
             jax.tree.map(np.asarray, optimizer.init(params)))))
-        self.statepoints: list[_StatePoint] = []
+        self.statepoints: list[StatePoint] = []
         self.trajstates: dict[int, list] = {}
         self.predictions: dict[int, dict] = {}
         self._fixed_cache: dict[int, tuple] = {}  # state point -> (trajs, values, overflows)
@@ -189,21 +125,8 @@ class _DifftreCore:
 
     # -- building state points ----------------------------------------------
     def _add(self, fns, state_kwargs, reference, targets, target_values, n_snapshots, name=None):
-        index = len(self.statepoints)
-        if "kT" not in state_kwargs:
-            raise ValueError(f"State point {index}: state_kwargs must contain 'kT' (thermal energy "
-                             f"in kJ/mol, e.g. chemtrain.units.kT(300.0)); got keys "
-                             f"{sorted(state_kwargs)}.")
-        reference = jnp.asarray(reference)
-        if reference.ndim == 2:
-            reference = reference[None]
-        if reference.ndim != 3:
-            raise ValueError(f"State point {index}: the reference state must be positions of shape "
-                             f"(N, dim) or (chains, N, dim), got shape {reference.shape}.")
-        sp = _StatePoint(index, name if name is not None else f"{index}", fns,
-                         {k: jnp.asarray(v) for k, v in state_kwargs.items()}, reference,
-                         targets, {k: jnp.asarray(v) for k, v in target_values.items()},
-                         n_snapshots)
+        sp = make_statepoint(len(self.statepoints), fns, state_kwargs, reference, targets,
+                             target_values, n_snapshots, name)
         self.statepoints.append(sp)
         return sp
 
@@ -231,13 +154,7 @@ class _DifftreCore:
         """Fail on every process unless all were given the same state points
         (count, shapes, checksums of state_kwargs, reference states and
         targets) and sim_batch_size; ``what`` names the operation."""
-        crc, shapes = 0, []
-        for sp in self.statepoints:
-            arrays = [*(sp.state_kwargs[k] for k in sorted(sp.state_kwargs)), sp.reference,
-                      *(sp.target_values[k] for k in sorted(sp.target_values))]
-            shapes.append([list(np.shape(a)) for a in arrays])
-            for a in arrays:
-                crc = zlib.crc32(np.ascontiguousarray(np.asarray(a)).tobytes(), crc)
+        shapes, crc = fingerprint(self.statepoints)
         self.strategy.check_same({"n_statepoints": self.n_statepoints, "shapes": shapes,
                                   "checksum": crc, "sim_batch_size": self.sim_batch_size,
                                   "at": what},
@@ -251,7 +168,7 @@ class _DifftreCore:
         started = time.perf_counter()
         parts = self.strategy.host_allgather_object(difftre_io.pack(new))
         theirs = {i: chains for part in parts for i, chains in part.items() if i not in new}
-        out = difftre_io.unpack(self, theirs, self._templates)
+        out = difftre_io.unpack(self.statepoints, self.params, theirs, self._templates)
         out.update(new)
         self._comm_s += time.perf_counter() - started
         return out
@@ -390,42 +307,18 @@ class _DifftreCore:
             self._fail(f"{type(e).__name__}: {e}", epoch)
         new = self._exchange(new)
 
-        # every state point of the batch in one summed buffer (zeros where not computed here)
-        n = len(batch)
-        buf = {"grad": jax.tree.map(lambda p: np.zeros(np.shape(p), np.float64), _host(params)),
-               "loss": np.zeros(n), "n_eff": np.zeros(n), "n_eff_start": np.zeros(n),
-               "recomputed": np.zeros(n), "nbr_overflow": np.zeros(n),
-               "parts": {k: np.zeros(n) for k in names},
-               "pred": [{k: np.zeros(np.shape(self.statepoints[i].target_values[k]))
-                         for k in names} for i in batch]}
-        for j, i in enumerate(batch):
-            if i not in out:
-                continue
-            o = _host(out[i])
-            buf["grad"] = jax.tree.map(np.add, buf["grad"], o["grad"])
-            buf["loss"][j], buf["n_eff"][j] = o["loss"], o["aux"]["n_eff"]
-            buf["n_eff_start"][j], buf["recomputed"][j] = o["n_eff_start"], o["recomputed"]
-            buf["nbr_overflow"][j] = o["aux"]["nbr_overflow"]
-            for k in names:
-                buf["parts"][k][j] = o["aux"]["parts"].get(k, np.nan)
-                buf["pred"][j][k] = np.asarray(o["aux"]["predictions"][k]).reshape(
-                    buf["pred"][j][k].shape)
+        sps = [self.statepoints[i] for i in batch]
+        mine = du.contributions(batch, {i: du.host64(o) for i, o in out.items()},
+                                du.host64(params), names,
+                                [{k: np.shape(sp.target_values[k]) for k in names} for sp in sps])
         started = time.perf_counter()
-        buf = self.strategy.host_sum(buf)
+        summed = self.strategy.host_sum(mine)
         self._comm_s += time.perf_counter() - started
-        loss = float(np.sum(buf["loss"]) / n)
+        loss, grads = du.batch_loss(summed), du.mean_gradient(summed)
         where = f"update {self.update_count} (epoch {epoch}, state points {batch})"
-        if np.any(buf["nbr_overflow"]):
-            bad = [batch[j] for j in np.nonzero(buf["nbr_overflow"])[0]]
-            self._fail(f"The neighbor list overflowed on stored snapshots of state point(s) {bad} "
-                       f"in {where}.", epoch)
-        grads = jax.tree.map(lambda g: g / n, buf["grad"])
-        finite_grad = all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
-        if not (math.isfinite(loss) and finite_grad):
-            bad = [batch[j] for j in range(n) if not np.isfinite(buf["loss"][j])]
-            self._fail(f"The loss is {loss} (gradient finite: {finite_grad}) in {where}"
-                       + (f"; non-finite at state point(s) {bad}" if bad else "")
-                       + ". Lower the learning rate or check the targets and the potential.", epoch)
+        problem = du.failure(summed, batch, where)
+        if problem:
+            self._fail(problem, epoch)
         grads = jax.tree.map(lambda g, p: jnp.asarray(g, jnp.asarray(p).dtype), grads, params)
         updates, opt_state = self._opt_update(grads, self.opt_state, params)
         scale = self._step_size(local, out, new, params, updates) if self.step_size_search else 1.0
@@ -438,19 +331,9 @@ class _DifftreCore:
         self.trajstates.update(new)
         if self.consistency_check_every and self.update_count % self.consistency_check_every == 0:
             self.check_consistency()
-        records = {}
-        for j, i in enumerate(batch):
-            pred = buf["pred"][j]
-            self.predictions[i] = pred
-            sp = self.statepoints[i]
-            records[i] = {"statepoint": i, "update": self.update_count - 1,
-                          "loss": float(buf["loss"][j]),
-                          "parts": {k: float(buf["parts"][k][j]) for k in names
-                                    if not np.isnan(buf["parts"][k][j])},  # none with loss_fn
-                          "n_eff": float(buf["n_eff_start"][j]), "n_snapshots": sp.n_snapshots,
-                          "recomputed": bool(buf["recomputed"][j]),
-                          "predictions": {k: pred[k].tolist() for k in names},
-                          "targets": {k: np.asarray(sp.target_values[k]).tolist() for k in names}}
+        records = du.records(summed, batch, self.update_count - 1, names,
+                             [sp.n_snapshots for sp in sps], [sp.target_values for sp in sps])
+        self.predictions.update(zip(batch, summed["pred"]))
         if self.on_update is not None:
             self.on_update({"update": self.update_count - 1, "epoch": epoch, "batch": list(batch),
                             "params_before": params, "params_after": new_params, "loss": loss,
@@ -463,9 +346,9 @@ class _DifftreCore:
         sp.fns.prepare(trajs, sp.state_kwargs)
         cached = self._fixed_cache.get(sp.index)
         if cached is None or cached[0] is not trajs:
-            _, values, n_overflow = sp.fns.fixed_values(params, _chains(trajs), sp.state_kwargs)
+            _, values, n_overflow = sp.fns.fixed_values(params, chains_of(trajs), sp.state_kwargs)
             cached = self._fixed_cache[sp.index] = (trajs, values, n_overflow)
-        (loss, aux), grad = sp.fns.loss_and_grad(params, _chains(trajs), _U_ref(trajs),
+        (loss, aux), grad = sp.fns.loss_and_grad(params, chains_of(trajs), energies_of(trajs),
                                                  sp.target_values, sp.state_kwargs, cached[1])
         return (loss, dict(aux, nbr_overflow=aux["nbr_overflow"] + cached[2])), grad
 
@@ -477,8 +360,8 @@ class _DifftreCore:
         for i in local:
             sp = self.statepoints[i]
             trajs = new.get(i, self.trajstates[i])
-            table.append(np.asarray(sp.fns.n_eff_candidates(params, updates, scales, _chains(trajs),
-                                                        _U_ref(trajs), sp.state_kwargs)))
+            table.append(np.asarray(sp.fns.n_eff_candidates(params, updates, scales, chains_of(trajs),
+                                                        energies_of(trajs), sp.state_kwargs)))
             now.append(float(out[i]["aux"]["n_eff"]))
         violations = (dt.step_size_violations(np.array(table), np.array(now),
                                               self.allowed_reduction)
@@ -499,67 +382,3 @@ class _DifftreCore:
         """Raise ``TrainingError`` naming the first leaf of parameters or
         optimizer state whose replicas differ between processes."""
         check_consistency(self.strategy, self.store.host(self.state)[0], self.update_count)
-
-    # -- files ------------------------------------------------------------------
-    def _capture(self, with_trajstates=True):
-        trees, meta = self.store.host(self.state)
-        meta = dict(meta, reweight_ratio=self.reweight_ratio, n_statepoints=self.n_statepoints,
-                    sim_batch_size=self.sim_batch_size)
-        if with_trajstates and self.trajstates:
-            data, info = difftre_io.trajstates_to_host(self.trajstates)
-            trees["trajstates"], meta["trajstates"] = data, info
-        return trees, meta
-
-    @collective
-    def save_checkpoint(self, path: str) -> None:
-        """Write parameters, optimizer state, histories and the trajectory
-        states to ``path`` (plain data, atomic, root process). Call it on
-        every process, after a completed epoch."""
-        if self._mid_epoch:
-            raise RuntimeError(
-                f"Epoch {self.epoch} did not complete (update {self.update_count} failed), so a "
-                f"checkpoint now could not be resumed; restore the last epoch checkpoint instead "
-                f"(the error state in {self.store.folder!r} holds the failed state for diagnosis).")
-        self.store.save(path, *self._capture())
-
-    @collective
-    def restore(self, path: str, trajstates: bool = True) -> None:
-        """Continue from a checkpoint of this trainer (same state points and
-        sim_batch_size); also load its trajectory states unless
-        ``trajstates=False``."""
-        state, meta, _ = self.store.restore(
-            path, self.state, {"n_shards": self.strategy.n_shards,
-                               "n_statepoints": self.n_statepoints,
-                               "sim_batch_size": self.sim_batch_size})
-        self.state = jax.tree.map(jnp.asarray, state)  # uncommitted, as trained ones
-        self._mid_epoch = False
-        if trajstates and meta.get("trajstates"):
-            self.load_trajstates(path)
-
-    @collective
-    def save_trajstates(self, path: str) -> None:
-        """Write the trajectory states (plain-data npz, root process)."""
-        if not self.trajstates:
-            raise RuntimeError("There are no trajectory states to save; call "
-                               "initialize_trajstates() first.")
-        data, info = difftre_io.trajstates_to_host(self.trajstates)
-        self.store.save(path, {"trajstates": data}, {"trajstates": info, "epoch": self.epoch},
-                        kind="trajstates")
-
-    @collective
-    def load_trajstates(self, path: str) -> None:
-        """Load trajectory states written by :meth:`save_trajstates` or with a
-        checkpoint; training then continues exactly where they were saved."""
-        meta, leaves = on_root(self.strategy, lambda: difftre_io.read(path, self.trainer_name),
-                               share=False, only_root=True) or (None, None)
-        meta = self.strategy.bcast_object(meta)
-        leaves = self.strategy.broadcast_from_root(leaves) if self.strategy.process_count > 1 \
-            else leaves
-        self.trajstates.update(difftre_io.trajstates_from_host(
-            self, meta, leaves, range(self.n_statepoints), path))
-
-    @collective
-    def plot(self, path: str) -> None:
-        """Plot the latest predictions against the targets of every state
-        point (curves for arrays, bars for scalars) into ``path``."""
-        on_root(self.strategy, lambda: difftre_io.plot(self, path), only_root=True)

@@ -39,14 +39,16 @@ def pack(trajstates: dict) -> dict:
             for i in sorted(trajstates)}
 
 
-def unpack(trainer, packed: dict, cache: dict) -> dict:
-    """Inverse of :func:`pack` on a process of ``trainer``: the structure of
-    each state comes from the trainer's own functions (see :func:`_template`)."""
+def unpack(statepoints, params, packed: dict, cache: dict) -> dict:
+    """Inverse of :func:`pack` on a process that holds the same
+    ``statepoints`` (:class:`~.statepoint.StatePoint`): the structure of each
+    state comes from their own functions at ``params`` (see
+    :func:`_template`)."""
     out = {}
     for i, chains in packed.items():
-        sp = trainer.statepoints[i]
+        sp = statepoints[i]
         out[i] = [jax.tree.map(jnp.asarray, jax.tree.unflatten(
-            jax.tree.structure(_template(sp, trainer.params, c, ci, cache)), leaves))
+            jax.tree.structure(_template(sp, params, c, ci, cache)), leaves))
             for c, (ci, leaves) in enumerate(chains)]
     return out
 
@@ -70,7 +72,7 @@ def _template(sp, params, chain: int, info: dict, cache: dict):
     """Zero arrays shaped like a saved TrajState of state point ``sp``
     (state points that share their functions and shapes share one)."""
     key = jax.random.PRNGKey(0)
-    tag = (id(sp.run_fn), tuple(sp.reference.shape[1:]), int(info["max_occupancy"]),
+    tag = (sp.fns, tuple(sp.reference.shape[1:]), int(info["max_occupancy"]),
            info["cell_list_capacity"])
     if tag in cache:
         return cache[tag]
@@ -85,45 +87,47 @@ def _template(sp, params, chain: int, info: dict, cache: dict):
     return cache[tag]
 
 
-def trajstates_from_host(trainer, meta: dict, leaves, mine, path) -> dict:
-    """``{state point: [TrajState]}`` for the state points ``mine`` from the
-    saved ``leaves`` (see :func:`read`), checked leaf by leaf."""
+def trajstates_from_host(statepoints, params, meta: dict, leaves, mine, path) -> dict:
+    """``{state point: [TrajState]}`` for the state points ``mine`` of
+    ``statepoints`` from the saved ``leaves`` (see :func:`read`), checked
+    leaf by leaf against states built at ``params``."""
     info = meta.get("trajstates") or {}
     saved = sorted(int(k) for k in info)
     absent = [i for i in mine if i not in saved]
-    if absent or any(i >= trainer.n_statepoints for i in saved):
+    if absent or any(i >= len(statepoints) for i in saved):
         raise ckpt.CheckpointError(
             f"{path!r} holds trajectories of state point(s) {saved}; this trainer has "
-            f"{trainer.n_statepoints} state point(s) and needs {list(mine)}.")
-    params, cache = trainer.params, {}
-    template = {f"{i:05d}": [_template(trainer.statepoints[i], params, c, ci, cache)
+            f"{len(statepoints)} state point(s) and needs {list(mine)}.")
+    cache = {}
+    template = {f"{i:05d}": [_template(statepoints[i], params, c, ci, cache)
                              for c, ci in enumerate(info[f"{i:05d}"])] for i in saved}
     for i in saved:
-        if len(info[f"{i:05d}"]) != trainer.statepoints[i].reference.shape[0]:
+        if len(info[f"{i:05d}"]) != statepoints[i].reference.shape[0]:
             raise ckpt.CheckpointError(
                 f"{path!r} has {len(info[f'{i:05d}'])} chain(s) for state point {i}, this trainer "
-                f"{trainer.statepoints[i].reference.shape[0]}.")
+                f"{statepoints[i].reference.shape[0]}.")
     host = ckpt.unflatten_like(template, leaves, meta["trees"]["trajstates"], "trajstates")
     return {i: [jax.tree.map(jnp.asarray, t) for t in host[f"{i:05d}"]] for i in mine}
 
 
-def plot(trainer, path: str) -> None:
-    """Latest predictions against targets: one row per state point, one
-    panel per target (a curve for arrays, two bars for scalars)."""
+def plot(statepoints, predictions: dict, plot_x: dict, path: str) -> None:
+    """Latest ``predictions`` (state point -> observables) against the
+    targets of ``statepoints``: one row per state point, one panel per
+    target (a curve for arrays, x from ``plot_x``; two bars for scalars)."""
     from matplotlib.figure import Figure
-    if not trainer.predictions:
+    if not predictions:
         raise RuntimeError("Nothing to plot yet: train first.")
-    rows = sorted(trainer.predictions)
-    names = list(trainer.statepoints[rows[0]].targets)
+    rows = sorted(predictions)
+    names = list(statepoints[rows[0]].targets)
     fig = Figure(figsize=(4.0 * len(names), 2.8 * len(rows)), constrained_layout=True)
     axes = np.asarray(fig.subplots(len(rows), len(names), squeeze=False))
     for r, i in enumerate(rows):
-        sp = trainer.statepoints[i]
+        sp = statepoints[i]
         for c, name in enumerate(names):
-            ax, pred = axes[r, c], np.asarray(trainer.predictions[i][name])
+            ax, pred = axes[r, c], np.asarray(predictions[i][name])
             target = np.asarray(sp.target_values[name])
             if pred.size > 1:
-                x = np.asarray(trainer.plot_x.get(name, np.arange(pred.size)))
+                x = np.asarray(plot_x.get(name, np.arange(pred.size)))
                 ax.plot(x, target.ravel(), "k--", label="target")
                 ax.plot(x, pred.ravel(), "C0-", label="predicted")
                 ax.legend(fontsize=7)

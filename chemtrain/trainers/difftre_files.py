@@ -1,0 +1,82 @@
+"""The file methods of the DiffTRe trainers: checkpoints (trainer state
+and trajectory states), trajectory-state files and the plot of predictions
+against targets. Mixed into :class:`~.difftre_core._DifftreCore`, whose
+attributes (``state``, ``store``, ``strategy``, ``statepoints``,
+``trajstates``, ...) they use; the plain-data formats are
+:mod:`.difftre_io`'s."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..parallel import on_root
+from . import difftre_io
+from .services import collective
+
+
+class DifftreFiles:
+    """Checkpoints, trajectory-state files and the plot."""
+
+    def _capture(self, with_trajstates=True):
+        trees, meta = self.store.host(self.state)
+        meta = dict(meta, reweight_ratio=self.reweight_ratio, n_statepoints=self.n_statepoints,
+                    sim_batch_size=self.sim_batch_size)
+        if with_trajstates and self.trajstates:
+            data, info = difftre_io.trajstates_to_host(self.trajstates)
+            trees["trajstates"], meta["trajstates"] = data, info
+        return trees, meta
+
+    @collective
+    def save_checkpoint(self, path: str) -> None:
+        """Write parameters, optimizer state, histories and the trajectory
+        states to ``path`` (plain data, atomic, root process). Call it on
+        every process, after a completed epoch."""
+        if self._mid_epoch:
+            raise RuntimeError(
+                f"Epoch {self.epoch} did not complete (update {self.update_count} failed), so a "
+                f"checkpoint now could not be resumed; restore the last epoch checkpoint instead "
+                f"(the error state in {self.store.folder!r} holds the failed state for diagnosis).")
+        self.store.save(path, *self._capture())
+
+    @collective
+    def restore(self, path: str, trajstates: bool = True) -> None:
+        """Continue from a checkpoint of this trainer (same state points and
+        sim_batch_size); also load its trajectory states unless
+        ``trajstates=False``."""
+        state, meta, _ = self.store.restore(
+            path, self.state, {"n_shards": self.strategy.n_shards,
+                               "n_statepoints": self.n_statepoints,
+                               "sim_batch_size": self.sim_batch_size})
+        self.state = jax.tree.map(jnp.asarray, state)  # uncommitted, as trained ones
+        self._mid_epoch = False
+        if trajstates and meta.get("trajstates"):
+            self.load_trajstates(path)
+
+    @collective
+    def save_trajstates(self, path: str) -> None:
+        """Write the trajectory states (plain-data npz, root process)."""
+        if not self.trajstates:
+            raise RuntimeError("There are no trajectory states to save; call "
+                               "initialize_trajstates() first.")
+        data, info = difftre_io.trajstates_to_host(self.trajstates)
+        self.store.save(path, {"trajstates": data}, {"trajstates": info, "epoch": self.epoch},
+                        kind="trajstates")
+
+    @collective
+    def load_trajstates(self, path: str) -> None:
+        """Load trajectory states written by :meth:`save_trajstates` or with a
+        checkpoint; training then continues exactly where they were saved."""
+        meta, leaves = on_root(self.strategy, lambda: difftre_io.read(path, self.trainer_name),
+                               share=False, only_root=True) or (None, None)
+        meta = self.strategy.bcast_object(meta)
+        leaves = self.strategy.broadcast_from_root(leaves) if self.strategy.process_count > 1 \
+            else leaves
+        self.trajstates.update(difftre_io.trajstates_from_host(
+            self.statepoints, self.params, meta, leaves, range(self.n_statepoints), path))
+
+    @collective
+    def plot(self, path: str) -> None:
+        """Plot the latest predictions against the targets of every state
+        point (curves for arrays, bars for scalars) into ``path``."""
+        on_root(self.strategy, lambda: difftre_io.plot(self.statepoints, self.predictions,
+                                                      self.plot_x, path), only_root=True)

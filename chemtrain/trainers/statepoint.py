@@ -1,0 +1,116 @@
+"""A DiffTRe state point: what is fixed about it (:class:`StatePoint`) and
+the compiled functions that state points sharing a potential, simulator,
+quantities and targets share (:class:`StatePointFunctions`)."""
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..learn import difftre as dt
+from ..simulate.trajectory import make_trajectory
+
+
+class StatePointFunctions:
+    """The compiled functions of state points that share a potential,
+    simulator, quantities and targets (DifftreParallel: all of them)."""
+
+    def __init__(self, energy_fn_template, simulator_template, neighbor_fn, timings, quantities,
+                 targets, observables, loss_fn, vmap_batch):
+        self.init_fn, self.run_fn = make_trajectory(simulator_template, energy_fn_template,
+                                                    neighbor_fn, timings)
+        self.neighbor_fn = neighbor_fn
+        self._loss_args = (energy_fn_template, dict(quantities), targets, observables, loss_fn,
+                           vmap_batch)
+        dt.resolve_observables(targets, quantities, observables, require_values=False)
+        self.fixed = None  # quantities that ignore the potential, known after the first trajectory
+        n_eff = dt.make_neff_fn(energy_fn_template, vmap_batch)
+
+        def candidates(params, updates, scales, chains, U_ref, state_kwargs):
+            return jax.lax.map(lambda a: n_eff(dt.scaled_params(params, updates, a), chains, U_ref,
+                                               state_kwargs), scales)
+        self.n_eff_candidates = jax.jit(candidates)
+
+    def prepare(self, trajs, state_kwargs):
+        """Sort the quantities into potential-dependent ones (evaluated in the
+        loss) and the others (evaluated once per trajectory), then build the
+        loss."""
+        if self.fixed is not None:
+            return
+        template, quantities, targets, observables, loss_fn, vmap_batch = self._loss_args
+        snapshot = jax.tree.map(lambda x: x[0], trajs[0].snapshots)
+        dependent = dt.potential_dependent(quantities, snapshot, trajs[0].nbrs, state_kwargs)
+        self.fixed = tuple(k for k in quantities if k not in dependent)
+        loss = dt.make_statepoint_loss(template, quantities, targets, observables, loss_fn,
+                                       vmap_batch, fixed=self.fixed)
+        self.loss_and_grad = jax.jit(jax.value_and_grad(loss, has_aux=True))
+        self.fixed_values = jax.jit(dt.make_snapshot_evaluator(
+            None, {k: quantities[k] for k in self.fixed}, vmap_batch))
+
+
+@dataclasses.dataclass(frozen=True)
+class StatePoint:
+    """Everything fixed about one state point: its index and name, its
+    compiled functions, ``state_kwargs`` (jnp arrays: ``kT``, ``mass``, ...),
+    the reference positions of its chains (chains, N, dim), the target specs
+    (``{name: {'gamma', 'loss_fn'?}}``) and values, and the number of
+    snapshots of all its chains together."""
+
+    index: int
+    name: str
+    fns: StatePointFunctions
+    state_kwargs: dict
+    reference: Any
+    targets: dict
+    target_values: dict
+    n_snapshots: int
+
+    init_fn = property(lambda self: self.fns.init_fn)
+    run_fn = property(lambda self: self.fns.run_fn)
+    neighbor_fn = property(lambda self: self.fns.neighbor_fn)
+
+
+def chains_of(trajs):
+    return [(t.snapshots, t.nbrs) for t in trajs]
+
+
+def energies_of(trajs):
+    return jnp.concatenate([jnp.ravel(t.U_ref) for t in trajs])
+
+
+def make_statepoint(index: int, fns: StatePointFunctions, state_kwargs, reference, targets,
+                    target_values, n_snapshots: int, name: str | None = None) -> StatePoint:
+    """State point ``index``, checked: ``state_kwargs`` with ``kT``;
+    ``reference`` positions (N, dim) or (chains, N, dim); ``n_snapshots``
+    per chain."""
+    if "kT" not in state_kwargs:
+        raise ValueError(f"State point {index}: state_kwargs must contain 'kT' (thermal energy "
+                         f"in kJ/mol, e.g. chemtrain.units.kT(300.0)); got keys "
+                         f"{sorted(state_kwargs)}.")
+    reference = jnp.asarray(reference)
+    if reference.ndim == 2:
+        reference = reference[None]
+    if reference.ndim != 3:
+        raise ValueError(f"State point {index}: the reference state must be positions of shape "
+                         f"(N, dim) or (chains, N, dim), got shape {reference.shape}.")
+    return StatePoint(index, name if name is not None else f"{index}", fns,
+                      {k: jnp.asarray(v) for k, v in state_kwargs.items()}, reference, targets,
+                      {k: jnp.asarray(v) for k, v in target_values.items()},
+                      n_snapshots * reference.shape[0])  # all chains
+
+
+def fingerprint(statepoints) -> tuple[list, int]:
+    """(shapes, checksum) of the state points' ``state_kwargs``, reference
+    states and targets: equal on processes that were given the same."""
+    crc, shapes = 0, []
+    for sp in statepoints:
+        arrays = [*(sp.state_kwargs[k] for k in sorted(sp.state_kwargs)), sp.reference,
+                  *(sp.target_values[k] for k in sorted(sp.target_values))]
+        shapes.append([list(np.shape(a)) for a in arrays])
+        for a in arrays:
+            crc = zlib.crc32(np.ascontiguousarray(np.asarray(a)).tobytes(), crc)
+    return shapes, crc
