@@ -43,8 +43,7 @@ def mpi_world_size() -> int:
 def jax_process_count() -> int:
     """Processes of an initialized ``jax.distributed`` run (1 otherwise)."""
     import jax
-    from jax._src import distributed
-    if distributed.global_state.client is None:
+    if not jax.distributed.is_initialized():
         return 1
     return jax.process_count()
 

@@ -163,6 +163,10 @@ ABORT_KEY = "chemtrain/abort"
 
 
 def _client():
+    """The coordination service's client of this jax.distributed process
+    (None before ``jax.distributed.initialize``). The only private JAX
+    import of chemtrain: JAX has no public handle on the client, whose
+    key-value store carries abort messages between processes."""
     from jax._src import distributed
     return distributed.global_state.client
 
