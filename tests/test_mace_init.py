@@ -17,7 +17,7 @@ from jax_md import partition, space
 import mace_ref
 from chemtrain.models import mace as cm
 from chemtrain.models.mace import model as M
-from chemtrain.models.mace import params as P
+from chemtrain.models.mace import params as mace_params
 from chemtrain.models.mace import torch_io
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -130,7 +130,7 @@ def test_symmetric_covariance_is_mace_torch(torch_models, name):
         P, *_ = np.linalg.lstsq(A_c, A_m, rcond=None)
         K = np.concatenate([[U.shape[-1]] * U.shape[-1] for *_, U in blocks])
         cov_torch = (P / K ** 2) @ P.T
-        L = P._symmetric_init_map(layer.target_irreps, layer.hidden_irreps, layer.correlation)
+        L = mace_params._symmetric_init_map(layer.target_irreps, layer.hidden_irreps, layer.correlation)
         np.testing.assert_allclose(L @ L.T, cov_torch, atol=1e-10 * np.abs(cov_torch).max())
 
 
