@@ -400,7 +400,7 @@ def mace_file(tmp_path_factory):
         layers=(M.Layer(M.RESIDUAL, "4x0e", "4x0e", "4x0e+4x1o", "4x0e", 2, "linear"),),
         mlp_irreps="4x0e", atomic_energies=(-13.6, -1030.0), scale=1.0, shift=0.0,
         act_constant=1.6791767923989418)
-    params = jax.tree.map(np.asarray, M.init_params(cfg, jax.random.PRNGKey(0), jnp.float64))
+    params = jax.tree.map(np.asarray, cm.init_params(cfg, jax.random.PRNGKey(0), jnp.float64))
     path = str(tmp_path_factory.mktemp("mace") / "m.npz")
     cm.save(path, cfg, params)
     return path, cfg, params

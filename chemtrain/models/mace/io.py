@@ -19,7 +19,7 @@ from chemtrain import checkpoint
 from chemtrain.checkpoint import CheckpointError
 from chemtrain.models.mace import model as M
 from chemtrain.models.mace.model import MaceConfig
-from chemtrain.models.mace.params import zeros_like_shapes
+from chemtrain.models.mace.params import param_shapes, zeros_like_shapes
 from chemtrain.models.mace.torch_io import UnsupportedModelError, UntrustedFileError, load_mace_torch
 
 KIND = "chemtrain-mace"
@@ -226,6 +226,6 @@ def _check_consistent(cfg: MaceConfig) -> None:
             raise ValueError(f"layer {t} reads node features {cfg.layers[t].node_irreps!r} but "
                              f"layer {t - 1} writes {cfg.layers[t - 1].hidden_irreps!r}")
     try:
-        M.param_shapes(cfg)
+        param_shapes(cfg)
     except Exception as e:  # noqa: BLE001 - irreps that cannot be combined
         raise ValueError(f"the layers' irreps cannot be combined ({type(e).__name__}: {e})") from None
