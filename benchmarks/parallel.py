@@ -80,7 +80,7 @@ def allreduce_timing(tr, params, repeats=200):
     out = {}
     for name, fn in (("packed", packed), ("per_leaf", per_leaf)):
         jax.block_until_ready(fn(grads))
-        s.barrier()
+        s.comm.Barrier()  # MPI-only benchmark: start the timing together
         t = time.perf_counter()
         for _ in range(repeats):
             r = fn(grads)

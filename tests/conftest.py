@@ -9,7 +9,7 @@ import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "_support"))
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

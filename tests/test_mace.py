@@ -163,7 +163,7 @@ class NoTorch:  # make 'import torch' and 'import mace' fail, as on a machine wi
         if name.split('.')[0] in ('torch', 'mace'):
             raise ModuleNotFoundError(name)
 sys.meta_path.insert(0, NoTorch())
-sys.path.insert(0, {HERE!r})
+sys.path[:0] = [{HERE!r}, {os.path.join(HERE, '_support')!r}]
 import jax; jax.config.update('jax_enable_x64', True)
 import numpy as np
 from chemtrain.models import mace as cm

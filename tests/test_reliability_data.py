@@ -49,7 +49,8 @@ def write_h5(path, data):
 
 def run_py(code, timeout=300, **env_extra):
     env = {k: v for k, v in os.environ.items() if k != NO_SAFE_LOAD}
-    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([ROOT, HERE]), **env_extra)
+    env.update(JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([ROOT, HERE, os.path.join(HERE, "_support")]), **env_extra)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                           text=True, cwd=ROOT, env=env, timeout=timeout)
 

@@ -76,16 +76,12 @@ class InMemoryLoader:
     def local_batches(self, strategy, epoch: int = 0) -> Iterator[dict]:
         """Yield this process's rows of each global batch as numpy arrays.
 
-        The rows come from ``strategy.local_rows``; with a strategy that
+        The rows are ``strategy.select_rows``; with a strategy that
         ``scatters_from_root`` only the root holds ``data`` and sends them.
         """
         rows = strategy.local_rows(self.batch)
         for idx, valid in self.global_batches(epoch):
-            if strategy.scatters_from_root:
-                glob = None if self.data is None else {k: v[idx] for k, v in self.data.items()}
-                local = strategy.scatter_rows(glob, self.schema, self.batch)
-            else:
-                local = {k: v[idx[rows]] for k, v in self.data.items()}
+            local = strategy.select_rows(self.data, idx, self.schema, self.batch)
             local[VALID] = valid[rows]
             yield local
 

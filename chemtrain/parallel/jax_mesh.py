@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from .base import Strategy
+from .base import Strategy, contiguous_rows
 
 AXIS = "data"
 
@@ -69,10 +69,17 @@ class JaxStrategy(Strategy):
     def process_count(self) -> int:
         return len({d.process_index for d in self.mesh.devices.flat})
 
+    @property
+    def scatters_from_root(self) -> bool:
+        return False  # every process holds in-memory data and reads its rows
+
     def local_rows(self, batch: int) -> slice:
         per_shard = batch // self.n_shards
         first = self._my_positions[0]
         return slice(first * per_shard, (first + len(self._my_positions)) * per_shard)
+
+    def select_rows(self, data, idx, schema, batch):
+        return contiguous_rows(data, idx, self.local_rows(batch))
 
     # -- placement ----------------------------------------------------------
     def place_batch(self, local_batch):
@@ -112,6 +119,14 @@ class JaxStrategy(Strategy):
         vals = multihost_utils.process_allgather(np.asarray(value, np.float64))
         return float(np.max(vals))
 
+    def host_sum(self, tree):
+        if self.process_count == 1:
+            return tree
+        from jax.experimental import multihost_utils
+        return jax.tree.map(
+            lambda x: np.sum(np.asarray(multihost_utils.process_allgather(np.asarray(x))), axis=0),
+            tree)
+
     def host_allgather(self, value):
         if self.process_count == 1:
             return [value]
@@ -131,13 +146,10 @@ class JaxStrategy(Strategy):
         return [json.loads(r.tobytes().rstrip(b"\0").decode()) for r in rows]
 
     def abort(self, message: str) -> None:
+        if self.process_count == 1:
+            return  # nothing to end: the exception propagates
         from .failures import jax_abort
         jax_abort(message)
-
-    def barrier(self):
-        if self.process_count > 1:
-            from jax.experimental import multihost_utils
-            multihost_utils.sync_global_devices("chemtrain-barrier")
 
     def bcast_object(self, obj):
         if self.process_count == 1:
@@ -160,6 +172,9 @@ class JaxStrategy(Strategy):
 
     def sum(self, tree):
         return jax.lax.psum(tree, AXIS)
+
+    def mean_gradient(self, grads):
+        return self.mean(grads)
 
     def compile(self, fn, in_sharded, out_sharded):
         spec = lambda s: P(AXIS) if s else P()

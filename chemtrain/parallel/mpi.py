@@ -8,6 +8,7 @@ each rank its contiguous rows of every batch.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -42,7 +43,6 @@ def _import_mpi4jax():
 
 class MpiStrategy(Strategy):
     name = "mpi"
-    scatters_from_root = True
 
     def __init__(self):
         MPI = _import_mpi4py()
@@ -77,6 +77,14 @@ class MpiStrategy(Strategy):
     def process_count(self) -> int:
         return self.comm.Get_size()
 
+    @property
+    def scatters_from_root(self) -> bool:
+        return True  # in-memory datasets live on rank 0
+
+    def local_rows(self, batch: int) -> slice:
+        per_rank = batch // self.n_shards
+        return slice(self.process_index * per_rank, (self.process_index + 1) * per_rank)
+
     # -- placement ----------------------------------------------------------
     def place_batch(self, local_batch):
         return jax.device_put(local_batch, self._device)
@@ -94,20 +102,17 @@ class MpiStrategy(Strategy):
         parts = self.comm.allgather(local)
         return jax.tree.map(lambda *p: np.concatenate(p), *parts)
 
-    def scatter_rows(self, global_batch, schema, batch):
-        """Root sends each rank its contiguous rows of ``global_batch``.
-
-        ``schema`` maps keys to (row shape, dtype) so that other ranks can
-        receive without holding the dataset.
-        """
+    def select_rows(self, data, idx, schema, batch):
+        """Rank 0 sends each rank its contiguous rows ``idx[local_rows]`` of
+        ``data``; the others receive them by ``schema``, without the data."""
         per = batch // self.n_shards
         rank = self.process_index
         if rank == 0:
             for r in range(1, self.n_shards):
                 for tag, k in enumerate(sorted(schema)):
-                    self.comm.Send(np.ascontiguousarray(global_batch[k][r * per:(r + 1) * per]),
+                    self.comm.Send(np.ascontiguousarray(data[k][idx[r * per:(r + 1) * per]]),
                                    dest=r, tag=tag)
-            return {k: global_batch[k][:per] for k in schema}
+            return {k: data[k][idx[:per]] for k in schema}
         out = {}
         for tag, k in enumerate(sorted(schema)):
             shape, dtype = schema[k]
@@ -136,19 +141,21 @@ class MpiStrategy(Strategy):
     def host_allgather_object(self, obj):
         return self.comm.allgather(obj)
 
-    def barrier(self):
-        self.comm.Barrier()
-
     def bcast_object(self, obj):
         return self.comm.bcast(obj, root=0)
 
     def abort(self, message: str) -> None:
+        if self.n_shards == 1:
+            return  # nothing to end: the exception propagates
         sys.stderr.write(f"{message}\nchemtrain: aborting all {self.n_shards} MPI ranks.\n")
         sys.stderr.flush()
         # Give the launcher a moment to forward the message: once any rank
         # aborts, mpirun tears the job down and may drop unread output.
         time.sleep(1.0)
         self.comm.Abort(1)
+        # MPICH's MPI_Abort can return before the launcher ends this process;
+        # nothing after a failure may run here (it could write files).
+        os._exit(1)
 
     # -- inside compiled per-shard functions ------------------------------
     def _allreduce_sum(self, tree):
@@ -157,6 +164,9 @@ class MpiStrategy(Strategy):
         flat, unravel = ravel_pytree(tree)
         total = self._mpi4jax.allreduce(flat, op=self._MPI.SUM, comm=self._jax_comm)
         return unravel(total)
+
+    def vary(self, tree):
+        return tree  # each rank runs its own jit: nothing is marked replicated
 
     def sum(self, tree):
         return self._allreduce_sum(tree)

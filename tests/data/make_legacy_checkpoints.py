@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 jax.config.update("jax_enable_x64", True)
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "_support"))
 
 import problems  # noqa: E402
 from difftre_systems import bonded_pair  # noqa: E402

@@ -93,7 +93,8 @@ def torch_energy_forces(model_path: str, pos, Z, cell=None, dtype="float64"):
     return atoms.get_potential_energy(), atoms.get_forces()
 
 
-STANDIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+STANDIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                       "examples",
                        "mace_jax", "nanotube_standin.npz")
 
 
