@@ -34,7 +34,8 @@ from ase.calculators.calculator import Calculator, PropertyNotImplementedError, 
 from ase.stress import full_3x3_to_voigt_6_stress
 
 from chemtrain import units
-from chemtrain.neighbors import host_edges, perpendicular_widths
+from chemtrain.neighbors import (Graph, check_minimum_image, edge_vectors, fixed_neighbor_list,
+                                 host_edges)
 
 log = logging.getLogger(__name__)
 
@@ -179,17 +180,11 @@ class ChemtrainCalculator(Calculator):
 # --------------------------------------------------------------------------
 # the two kinds of models: how edges are packed and how energies are computed
 
-def _strained(R, cell, strain):
-    """Positions and cell (rows) under the symmetric strain ``strain``."""
+def _deformation(strain):
+    """jax-md's ``perturbation`` for a strain: ``I`` plus its symmetric part
+    (the derivative of the energy with respect to ``strain`` is the virial)."""
     import jax.numpy as jnp
-    F = jnp.eye(3, dtype=R.dtype) + 0.5 * (strain + strain.T)
-    return R @ F, cell @ F
-
-
-def _numbers_hint(bad):
-    from ase.data import chemical_symbols
-    return ", ".join(f"{z} ({chemical_symbols[z]})" if 0 < z < len(chemical_symbols) else str(z)
-                     for z in bad)
+    return jnp.eye(3, dtype=strain.dtype) + 0.5 * (strain + strain.T)
 
 
 class MaceModel:
@@ -206,25 +201,21 @@ class MaceModel:
         return self._traces[0]
 
     def check(self, atoms) -> None:
-        from chemtrain.models.mace import UnknownElementError
-        z = np.asarray(atoms.numbers)
-        bad = np.unique(z[~np.isin(z, self.cfg.atomic_numbers)])
-        if bad.size:
-            raise UnknownElementError(
-                f"These atoms hold atomic numbers {_numbers_hint(bad.tolist())} that the MACE model "
-                f"does not know; it was built for {list(self.cfg.atomic_numbers)}. Use a model "
-                f"trained on these elements.")
+        from chemtrain.models.mace.energy import check_species
+        check_species(self.cfg, np.asarray(atoms.numbers), what="These atoms hold",
+                      fix="Use a model trained on these elements.")
 
     def pack(self, i, j, S, n):
-        return {"need": len(i), "i": i, "j": j, "S": S}
+        return {"need": len(i), "i": i, "j": j, "S": S, "n": n}
 
     def pad(self, p, capacity):
+        """A :class:`~chemtrain.neighbors.Graph`'s arrays: padded edges point
+        at the sentinel index (the atom count)."""
         extra = capacity - p["need"]
-        send = np.concatenate([p["i"], np.zeros(extra, np.int32)])
-        recv = np.concatenate([p["j"], np.zeros(extra, np.int32)])
+        send = np.concatenate([p["i"], np.full(extra, p["n"], np.int32)])
+        recv = np.concatenate([p["j"], np.full(extra, p["n"], np.int32)])
         shifts = np.concatenate([p["S"], np.zeros((extra, 3), np.int32)])
-        mask = np.arange(capacity) < p["need"]
-        return send, recv, shifts, mask
+        return send, recv, shifts
 
     def evaluate(self, params, atoms, edges, dtype):
         import jax.numpy as jnp
@@ -244,12 +235,13 @@ def _mace_function(cfg, method):
         from chemtrain.models.mace.model import node_energies
         traces = [0]
 
-        def energy(params, R, cell, strain, send, recv, shifts, mask, element):
+        def energy(params, R, cell, strain, send, recv, shifts, element):
             traces[0] += 1
-            R, cell = _strained(R, cell, strain)
-            # edge vectors point from sender i to receiver j, as in mace-torch
-            vec = R[recv] - R[send] + shifts.astype(R.dtype) @ cell
-            e = node_energies(params, cfg, vec, senders=send, receivers=recv, edge_mask=mask,
+            # vectors from sender to receiver, every image (box: columns are
+            # the cell vectors), strained as jax-md strains displacements
+            s, r, vec, real = edge_vectors(None, R, Graph(send, recv, shifts), box=cell.T,
+                                           perturbation=_deformation(strain))
+            e = node_energies(params, cfg, vec, senders=s, receivers=r, edge_mask=real,
                               element=element, node_mask=jnp.ones(R.shape[0], bool), method=method)
             return jnp.sum(e)
         _MACE_FUNCTIONS[key] = (jax.jit(jax.value_and_grad(energy, argnums=(1, 3))), traces)
@@ -285,14 +277,12 @@ class TemplateModel:
                 f"A chemtrain energy template runs in free space or in a cell periodic in all "
                 f"three directions; these atoms have pbc {pbc.tolist()}. Use from_mace for MACE "
                 f"models (any pbc), or set atoms.pbc to all True or all False.")
-        if pbc.all():
-            widths = perpendicular_widths(atoms.cell.array.T)  # jax-md layout: columns
-            if min(widths) < 2 * self.cutoff:
-                raise ValueError(
-                    f"The cell is {min(widths):.3f} Angstrom wide, narrower than twice the cutoff "
-                    f"({2 * self.cutoff:.3f} Angstrom): jax-md's minimum-image displacement would "
-                    f"miss periodic images within the cutoff. Use a supercell "
-                    f"(atoms.repeat(...)) at least that wide.")
+        if pbc.all():  # jax-md layout: the columns are the cell vectors
+            check_minimum_image(atoms.cell.array.T, self.cutoff, name="These atoms' cell",
+                                unit="Angstrom",
+                                fix=f"Use a supercell (atoms.repeat(...)) at least "
+                                    f"{2 * self.cutoff:.4g} Angstrom wide, or from_mace for "
+                                    f"MACE models (every image).")
 
     def pack(self, i, j, S, n):
         if self.format == "ordered_sparse":
@@ -317,16 +307,8 @@ class TemplateModel:
         return (idx,)
 
     def _energy(self, params, R, cell, strain, idx, species, periodic):
-        import jax.numpy as jnp
-        from jax_md import partition
         self._traces[0] += 1
-        fmt = {"sparse": partition.Sparse, "dense": partition.Dense,
-               "ordered_sparse": partition.OrderedSparse}[self.format]
-        neighbor = partition.NeighborList(
-            idx=idx, reference_position=R * NM,
-            error=partition.PartitionError(jnp.zeros((), jnp.uint8)), cell_list_capacity=None,
-            max_occupancy=idx.shape[-1], format=fmt, cell_size=None, cell_list_fn=None,
-            update_fn=_no_update)
+        neighbor = fixed_neighbor_list(idx, R * NM, self.format, self.cutoff * NM)
         kwargs = {} if self.species_kwarg is None else {self.species_kwarg: species}
         if periodic:
             kwargs["box"] = cell.T * NM   # jax-md: lattice vectors are the columns
@@ -334,7 +316,7 @@ class TemplateModel:
             # perturbation @ d: its derivative is the strain derivative. (The
             # derivative through box= is not: jax-md's custom JVP of
             # space.transform passes position tangents through unscaled.)
-            kwargs["perturbation"] = jnp.eye(3, dtype=R.dtype) + 0.5 * (strain + strain.T)
+            kwargs["perturbation"] = _deformation(strain)
         return self.template(params)(R * NM, neighbor, **kwargs) / EV
 
     def evaluate(self, params, atoms, edges, dtype):
@@ -366,8 +348,3 @@ class TemplateModel:
                 f"Build the template with space.periodic_general(box, "
                 f"fractional_coordinates=False) so that it uses the box= passed per call.")
         self._checked_periodic = True
-
-
-def _no_update(position, neighbor, **kwargs):
-    raise NotImplementedError("ChemtrainCalculator builds the neighbor list on the host for every "
-                              "structure; the energy function must not update it.")

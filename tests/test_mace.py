@@ -266,7 +266,7 @@ def test_unknown_element_in_dataset(torch_models, tmp_path):
     data["species"][3, 2] = 9  # fluorine: not one of H, C, N, O
     tr = ForceMatching(params, optax.adam(1e-3), template, nbrs, batch=2, parallelism="single",
                        progress=False, checkpoint_path=str(tmp_path))
-    with pytest.raises(cm.UnknownElementError, match=r"atomic numbers \[9\].*\[1, 6, 7, 8\]"):
+    with pytest.raises(cm.UnknownElementError, match=r"atomic numbers 9 \(F\) .*\[1, 6, 7, 8\]"):
         tr.set_datasets(data, train_ratio=0.5)
     no_species = {k: v for k, v in data.items() if k != "species"}
     with pytest.raises(ValueError, match="needs per-atom atomic numbers"):

@@ -165,13 +165,15 @@ def perpendicular_widths(box) -> np.ndarray:
 
 
 def check_minimum_image(box, cutoff: float, pbc=None, name: str = "the cell",
-                        unit: str = "nm") -> None:
+                        unit: str = "nm", fix: str | None = None) -> None:
     """Raise :class:`SmallCellError` if a periodic cell is narrower than
     twice ``cutoff`` along a periodic direction (or periodic only in some
     directions, which jax-md's periodic spaces cannot do).
 
     ``box``: one box or one per structure (jax-md layout); ``pbc``: None
-    (periodic in all three directions) or (3,) / (n, 3) booleans."""
+    (periodic in all three directions) or (3,) / (n, 3) booleans. ``fix``
+    replaces the advice that ends the message (by default: precompute
+    graphs, or use a supercell)."""
     widths = np.atleast_2d(perpendicular_widths(box))
     periodic = np.broadcast_to(np.asarray(True if pbc is None else pbc, bool), widths.shape)
     part = periodic.any(1) & ~periodic.all(1)
@@ -192,6 +194,7 @@ def check_minimum_image(box, cutoff: float, pbc=None, name: str = "the cell",
             f"{np.array2string(widths[k], precision=4)} {unit}, narrower than twice the cutoff "
             f"({cutoff:.4g} {unit}, so at least {2 * cutoff:.4g} {unit} needed): a jax-md "
             f"(minimum-image) neighbor list would count one periodic image of each pair where "
-            f"several lie within the cutoff, a silently wrong energy. Precompute graphs instead "
-            f"(chemtrain.neighbors.add_graphs(data, cutoff) and nbrs_init=None), which count "
-            f"every image, or use a supercell at least {2 * cutoff:.4g} {unit} wide.")
+            f"several lie within the cutoff, a silently wrong energy. "
+            + (fix or f"Precompute graphs instead (chemtrain.neighbors.add_graphs(data, cutoff) "
+                      f"and nbrs_init=None), which count every image, or use a supercell at "
+                      f"least {2 * cutoff:.4g} {unit} wide."))

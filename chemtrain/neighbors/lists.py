@@ -121,3 +121,25 @@ def list_cutoff(nbrs) -> float | None:
     except (TypeError, ValueError):
         return None
     return float(value) if isinstance(value, (int, float, np.floating)) else None
+
+
+def fixed_neighbor_list(idx, positions, format: str, cutoff: float):
+    """A jax-md neighbor list holding edges found elsewhere (on the host):
+    ``idx`` in jax-md's layout for ``format`` (``'sparse'`` and
+    ``'ordered_sparse'``: (2, capacity); ``'dense'``: (atoms, capacity)),
+    padded with the atom count. It records ``cutoff``
+    (:func:`list_cutoff`) and refuses to be updated: its edges are only
+    right for ``positions``."""
+    from jax_md import partition
+    return partition.NeighborList(
+        idx=idx, reference_position=positions,
+        error=partition.PartitionError(jnp.zeros((), jnp.uint8)), cell_list_capacity=None,
+        max_occupancy=idx.shape[-1], format=getattr(partition, _FORMATS[format]), cell_size=None, cell_list_fn=None,
+        update_fn=_UpdateWithCutoff(_refuse_update, cutoff))
+
+
+def _refuse_update(positions, neighbor, **kwargs):
+    raise NotImplementedError(
+        "This neighbor list holds edges built on the host for fixed positions (e.g. by "
+        "ChemtrainCalculator for each structure); it cannot be updated. Build a new one.")
+

@@ -43,9 +43,12 @@ def species_to_elements(cfg: MaceConfig, species):
     return table[jnp.clip(jnp.asarray(species), 0, 118)]
 
 
-def check_species(cfg: MaceConfig, species, mask=None) -> None:
+def check_species(cfg: MaceConfig, species, mask=None, what: str = "The dataset has",
+                  fix: str = "Remove those structures or use a model trained on these "
+                             "elements.") -> None:
     """Raise :class:`UnknownElementError` if a real atom's atomic number
-    (``species``) is not one of the model's elements."""
+    (``species``) is not one of the model's elements; the message starts with
+    ``what`` and ends with ``fix``."""
     if species is None:
         raise ValueError("The MACE model needs per-atom atomic numbers: add a 'species' array "
                          "(structures x atoms, integers) to the dataset.")
@@ -57,9 +60,15 @@ def check_species(cfg: MaceConfig, species, mask=None) -> None:
     bad = np.unique(z[real & ~known])
     if bad.size:
         raise UnknownElementError(
-            f"The dataset has atomic numbers {bad.tolist()} that the MACE model does not know; "
-            f"it was built for {list(cfg.atomic_numbers)}. Remove those structures or use a "
-            f"model trained on these elements.")
+            f"{what} atomic numbers {_with_symbols(bad.tolist())} that the MACE model does not "
+            f"know; it was built for {list(cfg.atomic_numbers)}. {fix}")
+
+
+def _with_symbols(numbers) -> str:
+    """``[9, 17]`` -> ``'9 (F), 17 (Cl)'``."""
+    from ase.data import chemical_symbols
+    return ", ".join(f"{z} ({chemical_symbols[z]})" if 0 < z < len(chemical_symbols) else str(z)
+                     for z in numbers)
 
 
 def check_cells(cfg: MaceConfig, data) -> None:
