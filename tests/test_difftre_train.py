@@ -302,7 +302,7 @@ def test_bad_input_is_a_clear_error():
         pair.train(1)
     trainer = Difftre(pair.params, optax.sgd(0.1), progress=False)
     with pytest.raises(ValueError, match="'kT'"):
-        trainer.add_statepoint(pair.statepoints[0].fns._loss_args[0], None, None,
+        trainer.add_statepoint(pair.statepoints[0].fns.energy_fn_template, None, None,
                                process_printouts(0.01, 1.0, 0.0, 0.1), {"mass": 1.0},
                                {"e": quantity.potential_energy()}, np.zeros((2, 3)),
                                targets={"e": {"target": 0.0}}, initialize_traj=False)

@@ -1,22 +1,28 @@
-"""One DiffTRe update after the state points were computed, as pure
-functions on host data: what each process contributes (one pytree that a
-sum over processes reduces), the batch's loss and mean gradient, the
-decision whether the update may be applied, and the per-state-point
-records of the history.
+"""One DiffTRe update as pure functions of a state point
+(:class:`chemtrain.trainers.StatePoint`, frozen), its trajectories and the
+parameters: the loss and gradient of one state point
+(:func:`fixed_quantities`, :func:`loss_and_grad`), what each process
+contributes (one pytree that a sum over processes reduces), the batch's
+loss and mean gradient, the decision whether the update may be applied,
+the step-size search and the per-state-point records of the history.
 
-The trainer (:mod:`chemtrain.trainers.difftre_core`) computes the loss
-and gradient of its own state points (:mod:`chemtrain.learn.difftre`),
-calls :func:`contributions`, sums the result over processes, then
-:func:`mean_gradient`, :func:`failure` and :func:`records`. Nothing here
-knows how the state points were spread over processes.
+The trainer (:mod:`chemtrain.trainers.difftre_core`) calls
+:func:`loss_and_grad` for its own state points (recomputing trajectories
+where N_eff is too small), :func:`contributions`, sums the result over
+processes, then :func:`mean_gradient`, :func:`failure`, optionally
+:func:`step_size`, and :func:`records`. Nothing here knows how the state
+points were spread over processes: a reduction over them is passed in.
 """
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+
+from . import difftre as dt
 
 
 def host64(tree):
@@ -24,6 +30,58 @@ def host64(tree):
     processes and state points in one precision)."""
     return jax.tree.map(lambda a: np.asarray(a, np.float64) if np.issubdtype(
         np.asarray(a).dtype, np.floating) else np.asarray(a), tree)
+
+
+def chains_of(trajs):
+    """(snapshots, neighbor list) of each chain's trajectory."""
+    return [(t.snapshots, t.nbrs) for t in trajs]
+
+
+def energies_of(trajs):
+    """The reference energies of every snapshot of all chains, in order."""
+    return jnp.concatenate([jnp.ravel(t.U_ref) for t in trajs])
+
+
+def fixed_quantities(sp, params, trajs):
+    """``(values, n_overflow)``: the quantities of state point ``sp`` that
+    ignore the potential (RDF, ADF, density), evaluated on ``trajs``, and
+    how often their neighbor lists overflowed. Valid until the trajectories
+    change, whatever the parameters."""
+    sp.fns.prepare(trajs, sp.state_kwargs)
+    _, values, n_overflow = sp.fns.fixed_values(params, chains_of(trajs), sp.state_kwargs)
+    return values, n_overflow
+
+
+def loss_and_grad(sp, params, trajs, fixed=None):
+    """``(loss, aux), grad`` of state point ``sp`` reweighted from ``trajs``
+    (one :class:`~chemtrain.simulate.TrajState` per chain) to ``params``.
+    ``aux`` holds ``n_eff``, ``parts``, ``predictions`` and
+    ``nbr_overflow``; ``fixed`` is :func:`fixed_quantities` of the same
+    trajectories (computed here when None)."""
+    sp.fns.prepare(trajs, sp.state_kwargs)
+    values, n_overflow = fixed_quantities(sp, params, trajs) if fixed is None else fixed
+    (loss, aux), grad = sp.fns.loss_and_grad(params, chains_of(trajs), energies_of(trajs),
+                                             sp.target_values, sp.state_kwargs, values)
+    return (loss, dict(aux, nbr_overflow=aux["nbr_overflow"] + n_overflow)), grad
+
+
+def step_size(statepoints, trajectories, n_eff_now, params, updates, candidates,
+              allowed_reduction: float, reduce: Callable = lambda v: v) -> tuple[float, bool]:
+    """``(scale, found)``: the largest of ``candidates`` by which ``updates``
+    may be scaled so that N_eff keeps ``allowed_reduction`` of its value
+    ``n_eff_now`` at every state point of the batch (``found`` False: none
+    does; the smallest is returned). This process evaluates its
+    ``statepoints`` on their ``trajectories``; ``reduce`` sums the
+    per-candidate violation counts over processes (e.g.
+    ``strategy.host_sum``)."""
+    scales = jnp.asarray(candidates)
+    table = [np.asarray(sp.fns.n_eff_candidates(params, updates, scales, chains_of(trajs),
+                                                energies_of(trajs), sp.state_kwargs))
+             for sp, trajs in zip(statepoints, trajectories)]
+    violations = (dt.step_size_violations(np.array(table), np.asarray(n_eff_now, np.float64),
+                                          allowed_reduction)
+                  if table else np.zeros(len(candidates), np.int64))
+    return dt.choose_step_size(candidates, reduce(violations))
 
 
 def contributions(batch: Sequence[int], results: Mapping[int, Mapping], params,

@@ -3,5 +3,8 @@ composed of the shared services in :mod:`chemtrain.trainers.services`."""
 from .difftre import Difftre, DifftreParallel
 from .force_matching import ForceMatching
 from .services import TrainingError
+from .state import DifftreState, FMState, TrainerState
+from .statepoint import StatePoint
 
-__all__ = ["ForceMatching", "Difftre", "DifftreParallel", "TrainingError"]
+__all__ = ["ForceMatching", "Difftre", "DifftreParallel", "TrainingError", "StatePoint",
+           "TrainerState", "FMState", "DifftreState"]

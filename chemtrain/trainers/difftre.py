@@ -87,27 +87,16 @@ class DifftreParallel(_DifftreCore):
     def __init__(self, key, init_params, optimizer, energy_fn_template: Callable,
                  simulator_template: Callable, neighbor_fn, timings, state_kwargs: Mapping,
                  quantities: Mapping, targets: Mapping, observables: Mapping | None = None, *,
-                 reference_states=None, sim_batch_size: int = 1, parallelism: str = "auto",
-                 reweight_ratio: float = 0.9, loss_fn: Callable | None = None,
-                 step_size_search: bool = False, allowed_reduction: float = 0.5,
-                 n_step_candidates: int = 10, overflow_capacity_multiplier: float = 1.5,
-                 max_neighbor_retries: int = 3, checkpoint_path: str = "checkpoints",
-                 log_file: str | None = None, plot_file: str | None = None,
-                 plot_x: Mapping | None = None, progress: bool = True,
-                 consistency_check_every: int | None = None, vmap_batch: int | None = 10,
-                 name: str = "difftre", on_update: Callable | None = None):
+                 reference_states=None, loss_fn: Callable | None = None,
+                 vmap_batch: int | None = 10, **options):
+        # options: sim_batch_size, parallelism, reweight_ratio, step_size_search,
+        # allowed_reduction, n_step_candidates, overflow_capacity_multiplier,
+        # max_neighbor_retries, checkpoint_path, log_file, plot_file, plot_x,
+        # progress, consistency_check_every, name, on_update (see above)
         n = _check_batch_inputs(state_kwargs, targets, reference_states)
         dt.resolve_observables(targets, quantities, observables)
-        dt.statepoint_batches(n, sim_batch_size)
-        self._setup(key, init_params, optimizer, sim_batch_size=sim_batch_size,
-                    parallelism=parallelism, reweight_ratio=reweight_ratio,
-                    step_size_search=step_size_search, allowed_reduction=allowed_reduction,
-                    n_step_candidates=n_step_candidates,
-                    overflow_capacity_multiplier=overflow_capacity_multiplier,
-                    max_neighbor_retries=max_neighbor_retries, checkpoint_path=checkpoint_path,
-                    log_file=log_file, plot_file=plot_file, plot_x=plot_x, progress=progress,
-                    consistency_check_every=consistency_check_every, name=name,
-                    on_update=on_update)
+        dt.statepoint_batches(n, options.get("sim_batch_size", 1))
+        super().__init__(key, init_params, optimizer, **options)
         with self.strategy.failure_guard():
             specs = {k: {kk: vv for kk, vv in v.items() if kk != "target"}
                      for k, v in targets.items()}
@@ -171,25 +160,11 @@ class Difftre(_DifftreCore):
 
     def __init__(self, init_params, optimizer, reweight_ratio: float = 0.9,
                  sim_batch_size: int = 1, energy_fn_template: Callable | None = None, *,
-                 key=None, parallelism: str = "auto", loss_fn: Callable | None = None,
-                 step_size_search: bool = False, allowed_reduction: float = 0.5,
-                 n_step_candidates: int = 10, overflow_capacity_multiplier: float = 1.5,
-                 max_neighbor_retries: int = 3, checkpoint_path: str = "checkpoints",
-                 log_file: str | None = None, plot_file: str | None = None,
-                 plot_x: Mapping | None = None, progress: bool = True,
-                 consistency_check_every: int | None = None, name: str = "difftre",
-                 on_update: Callable | None = None):
+                 key=None, loss_fn: Callable | None = None, **options):
         self.energy_fn_template = energy_fn_template
         self._default_loss_fn = loss_fn
-        self._setup(key, init_params, optimizer, sim_batch_size=sim_batch_size,
-                    parallelism=parallelism, reweight_ratio=reweight_ratio,
-                    step_size_search=step_size_search, allowed_reduction=allowed_reduction,
-                    n_step_candidates=n_step_candidates,
-                    overflow_capacity_multiplier=overflow_capacity_multiplier,
-                    max_neighbor_retries=max_neighbor_retries, checkpoint_path=checkpoint_path,
-                    log_file=log_file, plot_file=plot_file, plot_x=plot_x, progress=progress,
-                    consistency_check_every=consistency_check_every, name=name,
-                    on_update=on_update)
+        super().__init__(key, init_params, optimizer, reweight_ratio=reweight_ratio,
+                         sim_batch_size=sim_batch_size, **options)
 
     @collective
     def add_statepoint(self, energy_fn_template, simulator_template, neighbor_fn, timings,

@@ -32,20 +32,27 @@ from .difftre_files import DifftreFiles
 from .services import (CheckpointStore, Reporter, check_consistency, checked_params, close_epoch,
                        collective, init_state)
 from .state import DifftreState
-from .statepoint import StatePoint, chains_of, energies_of, fingerprint, make_statepoint
+from .statepoint import StatePoint, fingerprint, make_statepoint
 
 log = logging.getLogger("chemtrain")
 
 
 class _DifftreCore(DifftreFiles):
-    """The training loop shared by :class:`DifftreParallel` and :class:`Difftre`."""
+    """The training loop shared by :class:`DifftreParallel` and
+    :class:`Difftre`, and their one constructor path: both pass their
+    training options (documented in :class:`DifftreParallel`) on to this
+    ``__init__``, which checks them and builds the services."""
 
     trainer_name = "Difftre"
 
-    def _setup(self, key, init_params, optimizer, *, sim_batch_size, parallelism, reweight_ratio,
-               step_size_search, allowed_reduction, n_step_candidates,
-               overflow_capacity_multiplier, max_neighbor_retries, checkpoint_path, log_file,
-               plot_file, plot_x, progress, consistency_check_every, name, on_update=None):
+    def __init__(self, key, init_params, optimizer, *, sim_batch_size: int = 1,
+                 parallelism: str = "auto", reweight_ratio: float = 0.9,
+                 step_size_search: bool = False, allowed_reduction: float = 0.5,
+                 n_step_candidates: int = 10, overflow_capacity_multiplier: float = 1.5,
+                 max_neighbor_retries: int = 3, checkpoint_path: str = "checkpoints",
+                 log_file: str | None = None, plot_file: str | None = None,
+                 plot_x=None, progress: bool = True, consistency_check_every: int | None = None,
+                 name: str = "difftre", on_update=None):
         if not (isinstance(reweight_ratio, (int, float)) and 0.0 <= reweight_ratio <= 1.0):
             raise ValueError(f"reweight_ratio must be a number in [0, 1] (recompute when "
                              f"N_eff < reweight_ratio * N), got {reweight_ratio!r}.")
@@ -94,7 +101,7 @@ class _DifftreCore(DifftreFiles):
         self.statepoints: list[StatePoint] = []
         self.trajstates: dict[int, list] = {}
         self.predictions: dict[int, dict] = {}
-        self._fixed_cache: dict[int, tuple] = {}  # state point -> (trajs, values, overflows)
+        self._fixed_cache: dict[int, tuple] = {}  # state point -> (trajs, fixed quantities)
         self._templates: dict = {}  # trajectory-state structures (see difftre_io.unpack)
         self._comm_s = self._wait_s = 0.0  # this epoch: exchanges, waiting for others
         self._mid_epoch = False  # an update of an epoch failed: no resumable checkpoint
@@ -283,31 +290,20 @@ class _DifftreCore(DifftreFiles):
             self.plot(self.plot_file)
 
     def _update(self, batch, epoch):
+        """One update over the state points ``batch``: each process computes
+        its own (:meth:`_local_results`), the contributions are summed over
+        processes, and the pure functions of
+        :mod:`chemtrain.learn.difftre_update` decide and scale the step."""
         params, local = self.params, self._local(batch)
-        names = list(self.statepoints[batch[0]].targets)
-
-        def compute():
-            out, new = {}, {}
-            for i in local:
-                sp, trajs = self.statepoints[i], self.trajstates[i]
-                (loss, aux), grad = self._loss_and_grad(sp, params, trajs)
-                n_eff_start = float(aux["n_eff"])
-                recompute = dt.needs_recompute(n_eff_start, sp.n_snapshots, self.reweight_ratio)
-                if recompute:
-                    keys = [self._train_key(i, c) for c in range(len(trajs))]
-                    trajs = new[i] = self._run(sp, params, trajs, keys)
-                    (loss, aux), grad = self._loss_and_grad(sp, params, trajs)
-                out[i] = {"loss": loss, "aux": aux, "grad": grad, "n_eff_start": n_eff_start,
-                          "recomputed": recompute}
-            return out, new
-
+        where = f"update {self.update_count} (epoch {epoch}, state points {batch})"
         try:
-            out, new = self._agree(compute, f"computing update {self.update_count}")
+            out, new = self._agree(lambda: self._local_results(local, params),
+                                   f"computing update {self.update_count}")
         except (NeighborListOverflowError, SimulationError) as e:
             self._fail(f"{type(e).__name__}: {e}", epoch)
         new = self._exchange(new)
-
         sps = [self.statepoints[i] for i in batch]
+        names = list(sps[0].targets)
         mine = du.contributions(batch, {i: du.host64(o) for i, o in out.items()},
                                 du.host64(params), names,
                                 [{k: np.shape(sp.target_values[k]) for k in names} for sp in sps])
@@ -315,13 +311,20 @@ class _DifftreCore(DifftreFiles):
         summed = self.strategy.host_sum(mine)
         self._comm_s += time.perf_counter() - started
         loss, grads = du.batch_loss(summed), du.mean_gradient(summed)
-        where = f"update {self.update_count} (epoch {epoch}, state points {batch})"
         problem = du.failure(summed, batch, where)
         if problem:
             self._fail(problem, epoch)
         grads = jax.tree.map(lambda g, p: jnp.asarray(g, jnp.asarray(p).dtype), grads, params)
         updates, opt_state = self._opt_update(grads, self.opt_state, params)
-        scale = self._step_size(local, out, new, params, updates) if self.step_size_search else 1.0
+        scale = 1.0
+        if self.step_size_search:
+            scale, found = du.step_size(
+                [self.statepoints[i] for i in local], [new.get(i, self.trajstates[i]) for i in local],
+                [float(out[i]["aux"]["n_eff"]) for i in local], params, updates,
+                self.step_candidates, self.allowed_reduction, self.strategy.host_sum)
+            if not found:
+                log.warning("Even a step scaled by %g reduces N_eff below %g of its value; "
+                            "taking it.", scale, self.allowed_reduction)
         new_params = self._apply(params, updates, scale)
         if not all(bool(jnp.all(jnp.isfinite(p))) for p in jax.tree.leaves(new_params)):
             self._fail(f"The update gives non-finite parameters in {where}.", epoch)
@@ -340,37 +343,33 @@ class _DifftreCore(DifftreFiles):
                             "step_size": scale, "statepoints": records})
         return {"loss": loss, "step_size": scale, "statepoints": records}
 
-    def _loss_and_grad(self, sp, params, trajs):
-        """(loss, aux), grad of one state point on ``trajs``; the quantities
-        that ignore the potential are evaluated once per trajectory."""
-        sp.fns.prepare(trajs, sp.state_kwargs)
+    def _local_results(self, local, params):
+        """Loss, gradient and N_eff of this process's state points ``local``
+        (:func:`chemtrain.learn.difftre_update.loss_and_grad`), recomputing
+        the trajectory where N_eff is too small; returns (results, new
+        trajectories)."""
+        out, new = {}, {}
+        for i in local:
+            sp, trajs = self.statepoints[i], self.trajstates[i]
+            (loss, aux), grad = du.loss_and_grad(sp, params, trajs, self._fixed(sp, params, trajs))
+            n_eff_start = float(aux["n_eff"])
+            recompute = dt.needs_recompute(n_eff_start, sp.n_snapshots, self.reweight_ratio)
+            if recompute:
+                keys = [self._train_key(i, c) for c in range(len(trajs))]
+                trajs = new[i] = self._run(sp, params, trajs, keys)
+                (loss, aux), grad = du.loss_and_grad(sp, params, trajs,
+                                                     self._fixed(sp, params, trajs))
+            out[i] = {"loss": loss, "aux": aux, "grad": grad, "n_eff_start": n_eff_start,
+                      "recomputed": recompute}
+        return out, new
+
+    def _fixed(self, sp, params, trajs):
+        """:func:`~chemtrain.learn.difftre_update.fixed_quantities` of ``sp``
+        on ``trajs``, evaluated once per trajectory."""
         cached = self._fixed_cache.get(sp.index)
         if cached is None or cached[0] is not trajs:
-            _, values, n_overflow = sp.fns.fixed_values(params, chains_of(trajs), sp.state_kwargs)
-            cached = self._fixed_cache[sp.index] = (trajs, values, n_overflow)
-        (loss, aux), grad = sp.fns.loss_and_grad(params, chains_of(trajs), energies_of(trajs),
-                                                 sp.target_values, sp.state_kwargs, cached[1])
-        return (loss, dict(aux, nbr_overflow=aux["nbr_overflow"] + cached[2])), grad
-
-    def _step_size(self, local, out, new, params, updates) -> float:
-        """Largest candidate scale of ``updates`` that keeps N_eff >=
-        allowed_reduction x its value at every state point of the batch."""
-        scales = jnp.asarray(self.step_candidates)
-        table, now = [], []
-        for i in local:
-            sp = self.statepoints[i]
-            trajs = new.get(i, self.trajstates[i])
-            table.append(np.asarray(sp.fns.n_eff_candidates(params, updates, scales, chains_of(trajs),
-                                                        energies_of(trajs), sp.state_kwargs)))
-            now.append(float(out[i]["aux"]["n_eff"]))
-        violations = (dt.step_size_violations(np.array(table), np.array(now),
-                                              self.allowed_reduction)
-                      if local else np.zeros(len(self.step_candidates), np.int64))
-        scale, found = dt.choose_step_size(self.step_candidates, self.strategy.host_sum(violations))
-        if not found:
-            log.warning("Even a step scaled by %g reduces N_eff below %g of its value; taking it.",
-                        scale, self.allowed_reduction)
-        return scale
+            cached = self._fixed_cache[sp.index] = (trajs, du.fixed_quantities(sp, params, trajs))
+        return cached[1]
 
     def _fail(self, message, epoch):
         trees, meta = self._capture(with_trajstates=False)

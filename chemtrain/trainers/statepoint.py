@@ -24,6 +24,7 @@ class StatePointFunctions:
         self.init_fn, self.run_fn = make_trajectory(simulator_template, energy_fn_template,
                                                     neighbor_fn, timings)
         self.neighbor_fn = neighbor_fn
+        self.energy_fn_template = energy_fn_template
         self._loss_args = (energy_fn_template, dict(quantities), targets, observables, loss_fn,
                            vmap_batch)
         dt.resolve_observables(targets, quantities, observables, require_values=False)
@@ -72,14 +73,6 @@ class StatePoint:
     init_fn = property(lambda self: self.fns.init_fn)
     run_fn = property(lambda self: self.fns.run_fn)
     neighbor_fn = property(lambda self: self.fns.neighbor_fn)
-
-
-def chains_of(trajs):
-    return [(t.snapshots, t.nbrs) for t in trajs]
-
-
-def energies_of(trajs):
-    return jnp.concatenate([jnp.ravel(t.U_ref) for t in trajs])
 
 
 def make_statepoint(index: int, fns: StatePointFunctions, state_kwargs, reference, targets,

@@ -140,15 +140,16 @@ def main():
         outcome("overflow", tr.initialize_trajstates)
         tr = bonded_pair(4, sim_batch_size=2, parallelism="mpi", checkpoint_path=folder("fail"))
         tr.initialize_trajstates()
-        loss_and_grad = tr._loss_and_grad
+        from chemtrain.learn import difftre_update
+        loss_and_grad = difftre_update.loss_and_grad
 
-        def failing(sp, params, trajs):  # injected fault: rank 1, update 2
+        def failing(sp, params, trajs, fixed=None):  # injected fault: rank 1, update 2
             if rank == 1 and tr.update_count == 2:
                 with open(os.path.join(out, f"fail_time_{rank}.txt"), "w") as f:
                     f.write(repr(time.time()))
                 raise RuntimeError(f"injected failure on rank {rank} in update 2")
-            return loss_and_grad(sp, params, trajs)
-        tr._loss_and_grad = failing
+            return loss_and_grad(sp, params, trajs, fixed)
+        difftre_update.loss_and_grad = failing  # the public function the trainer calls
         tr.train(3)
         print("DONE", flush=True)  # never reached
     else:
