@@ -155,12 +155,12 @@ class Slow(HDF5ParallelDataLoader):
     delay = 0.0
     fail_at = -1
 
-    def _read(self, f, idx):
+    def read_rows(self, f, idx):
         self.calls = getattr(self, "calls", 0) + 1
         if self.calls - 1 == self.fail_at:
             raise OSError("simulated disk error")
         time.sleep(self.delay)
-        return super()._read(f, idx)
+        return super().read_rows(f, idx)
 
 
 class Counting(HDF5ParallelDataLoader):
@@ -168,11 +168,11 @@ class Counting(HDF5ParallelDataLoader):
     ``target`` of them are."""
     target = 0
 
-    def _read(self, f, idx):
+    def read_rows(self, f, idx):
         self.read = getattr(self, "read", 0) + 1
         if self.read >= self.target:
             self.reached.set()
-        return super()._read(f, idx)
+        return super().read_rows(f, idx)
 
 
 @pytest.mark.parametrize("prefetch", [1, 2])
@@ -210,7 +210,7 @@ def test_worker_exception_reaches_training_thread(files, tmp_path):
     with pytest.raises(OSError, match="simulated disk error") as info:
         tr.train(1)
     frames = [f.name for f in info.traceback]
-    assert "_read" in frames  # the original traceback from the reader thread
+    assert "read_rows" in frames  # the original traceback from the reader thread
     assert tr.step == 0 and len(tr.train_losses) == 0
 
 

@@ -130,7 +130,7 @@ def test_symmetric_covariance_is_mace_torch(torch_models, name):
         P, *_ = np.linalg.lstsq(A_c, A_m, rcond=None)
         K = np.concatenate([[U.shape[-1]] * U.shape[-1] for *_, U in blocks])
         cov_torch = (P / K ** 2) @ P.T
-        L = mace_params._symmetric_init_map(layer.target_irreps, layer.hidden_irreps, layer.correlation)
+        L = mace_params.symmetric_init_map(layer.target_irreps, layer.hidden_irreps, layer.correlation)
         np.testing.assert_allclose(L @ L.T, cov_torch, atol=1e-10 * np.abs(cov_torch).max())
 
 

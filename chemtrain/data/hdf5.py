@@ -174,9 +174,11 @@ class HDF5ParallelDataLoader:
         for idx, valid in global_batches(self, epoch):
             yield idx[rows], valid[rows]
 
-    def _read(self, f, idx: np.ndarray) -> dict:
-        """Read rows ``idx`` of every dataset, one slice per run of
-        consecutive rows (much faster in h5py than a point selection)."""
+    def read_rows(self, f, idx: np.ndarray) -> dict:
+        """Read rows ``idx`` of every dataset of the open file ``f``, one
+        slice per run of consecutive rows (much faster in h5py than a point
+        selection). The reader thread calls it once per batch: a subclass
+        may override it to add caching, logging or fault injection."""
         if self.rows is not None:
             idx = self.rows[idx]
         unique, inverse = np.unique(idx, return_inverse=True)
@@ -209,7 +211,7 @@ class HDF5ParallelDataLoader:
             try:
                 with self._open() as f:
                     for idx, valid in plan:
-                        local = self._read(f, idx)
+                        local = self.read_rows(f, idx)
                         local[VALID] = valid
                         if not put(local):
                             return

@@ -79,7 +79,7 @@ def _coupling_trees(in_irreps: str, x, nu: int, outs=None):
 
 
 @functools.lru_cache(None)
-def _symmetric_init_map(target_irreps: str, hidden_irreps: str, correlation: int):
+def symmetric_init_map(target_irreps: str, hidden_irreps: str, correlation: int):
     """Matrix ``L`` (cuequivariance paths x paths): the cuequivariance
     symmetric-contraction weights ``L @ u``, ``u`` unit normal (drawn per
     element and channel), are distributed as those of a fresh mace-torch
@@ -130,7 +130,7 @@ def init_params(cfg: MaceConfig, key, dtype=jnp.float32):
     and :func:`mlp` do): the embedding, the linear layers, the skip
     connections, the radial MLPs and the readouts are unit normal here too.
     The symmetric contractions follow mace-torch's original basis (see
-    :func:`_symmetric_init_map`; not the reduced basis mace-torch uses
+    :func:`symmetric_init_map`; not the reduced basis mace-torch uses
     when cuequivariance-torch is installed): independent across elements
     and channels, correlated across cuequivariance's paths.
     """
@@ -140,7 +140,7 @@ def init_params(cfg: MaceConfig, key, dtype=jnp.float32):
     out = [jax.random.normal(k, s, dtype) for k, s in zip(keys, leaves)]
     params = jax.tree_util.tree_unflatten(treedef, out)
     for layer, p in zip(cfg.layers, params["products"]):
-        L = _symmetric_init_map(layer.target_irreps, layer.hidden_irreps, layer.correlation)
+        L = symmetric_init_map(layer.target_irreps, layer.hidden_irreps, layer.correlation)
         n_el, size = p["symmetric"].shape
         u = p["symmetric"].reshape(n_el, L.shape[1], size // L.shape[1])   # unit normal
         p["symmetric"] = jnp.einsum("pr,zrc->zpc", jnp.asarray(L, dtype), u).reshape(n_el, size)
