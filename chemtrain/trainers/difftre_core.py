@@ -29,7 +29,7 @@ from ..parallel import agree, make_strategy, raised_everywhere
 from ..simulate.trajectory import NeighborListOverflowError, SimulationError, run_with_restart
 from . import difftre_io
 from .difftre_files import DifftreFiles
-from .services import (CheckpointStore, Reporter, check_consistency, checked_params, close_epoch,
+from .services import (CheckpointStore, HoldsState, Reporter, check_consistency, close_epoch,
                        collective, init_state)
 from .state import DifftreState
 from .statepoint import StatePoint, fingerprint, make_statepoint
@@ -37,7 +37,7 @@ from .statepoint import StatePoint, fingerprint, make_statepoint
 log = logging.getLogger("chemtrain")
 
 
-class _DifftreCore(DifftreFiles):
+class _DifftreCore(HoldsState, DifftreFiles):
     """The training loop shared by :class:`DifftreParallel` and
     :class:`Difftre`, and their one constructor path: both pass their
     training options (documented in :class:`DifftreParallel`) on to this
@@ -113,15 +113,6 @@ class _DifftreCore(DifftreFiles):
         return len(self.statepoints)
 
     # -- state ------------------------------------------------------------------
-    @property
-    def params(self):
-        return self.state.params
-
-    @params.setter
-    def params(self, params) -> None:
-        host = checked_params(self.strategy, jax.tree.map(np.asarray, self.state.params), params)
-        self.state = self.state.replace(params=jax.tree.map(jnp.asarray, host))
-
     opt_state = property(lambda self: self.state.opt_state)
     epoch = property(lambda self: self.state.epoch)
     update_count = property(lambda self: self.state.update_count)

@@ -43,7 +43,7 @@ class DifftreFiles:
         """Continue from a checkpoint of this trainer (same state points and
         sim_batch_size); also load its trajectory states unless
         ``trajstates=False``."""
-        state, meta, _ = self.store.restore(
+        state, meta = self.store.restore(
             path, self.state, {"n_shards": self.strategy.n_shards,
                                "n_statepoints": self.n_statepoints,
                                "sim_batch_size": self.sim_batch_size})

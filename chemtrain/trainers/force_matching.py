@@ -20,14 +20,14 @@ from ..learn.step import make_reduced, make_update
 from ..models.template import as_template
 from ..parallel import make_strategy, raised_everywhere
 from .services import (CheckpointStore, Reporter, TrainingError, add_trees, check_consistency,
-                       checked_params, close_epoch, collective, init_state, run_steps)
+                       HoldsState, close_epoch, collective, init_state, run_steps)
 from .stages import DataStages, global_batch
 from .state import FMState
 
 log = logging.getLogger("chemtrain")
 
 
-class ForceMatching:
+class ForceMatching(HoldsState):
     """Train ``energy_fn_template`` on energies ``U`` and forces ``F``.
 
     Args:
@@ -94,15 +94,6 @@ class ForceMatching:
             log.info("ForceMatching: %s, global batch %d", self.strategy.describe(), self.batch)
 
     # -- state --------------------------------------------------------------
-    @property
-    def params(self):
-        return self.state.params
-
-    @params.setter
-    def params(self, params) -> None:
-        host = checked_params(self.strategy, self.strategy.to_host(self.state.params), params)
-        self.state = self.state.replace(params=self.strategy.replicate(host))
-
     opt_state = property(lambda self: self.state.opt_state)
     best_params = property(lambda self: self.state.best_params)
     best_loss = property(lambda self: self.state.best_loss)
@@ -239,6 +230,6 @@ class ForceMatching:
     def restore(self, path: str) -> None:
         """Continue from a checkpoint written by this trainer (read on the root)
         with the same number of shards and batch."""
-        self.state, _, _ = self.store.restore(
+        self.state, _ = self.store.restore(
             path, self.state, {"n_shards": self.strategy.n_shards, "batch": self.batch})
         self.data.reseed(self.seed)

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from .. import checkpoint as ckpt
-from ..parallel.failures import on_root, raised_everywhere
+from ..parallel.failures import agree, on_root, raised_everywhere
 from ._progress import progress_bar
 from .state import TrainerState
 
@@ -119,18 +119,31 @@ class CheckpointStore:
         numpy copies of its array fields and its plain fields, the two parts
         of a checkpoint."""
         trees, plain = state.split()
-        return ({name: self.strategy.to_host(tree) if name in self.replicated
-                 else jax.tree.map(np.asarray, tree) for name, tree in trees.items()},
+        return ({name: self.to_host(name, tree) for name, tree in trees.items()},
                 dict(plain, state_version=STATE_VERSION))
 
-    def restore(self, path: str, state: TrainerState, settings: Mapping,
-                templates: Mapping | None = None) -> tuple[TrainerState, dict, dict]:
+    def to_host(self, name: str, tree):
+        """Host numpy copy of the state's array field ``name``."""
+        if name in self.replicated:
+            return self.strategy.to_host(tree)
+        return jax.tree.map(np.asarray, tree)
+
+    def place(self, name: str, tree):
+        """The host pytree ``tree`` as the state's array field ``name``:
+        replicated on the devices, or (fields the trainer does not place)
+        as uncommitted JAX arrays."""
+        if name in self.replicated:
+            return self.strategy.replicate(tree)
+        import jax.numpy as jnp
+        return jax.tree.map(jnp.asarray, tree)
+
+    def restore(self, path: str, state: TrainerState,
+                settings: Mapping) -> tuple[TrainerState, dict]:
         """Read ``path`` (see :meth:`load`) as a state of ``state``'s class
-        and shape, with the ``replicated`` arrays placed on the devices.
-        The checkpoint must have been written with the same ``settings``
-        (``{name: this run's value}``: the number of shards, the batch, ...).
-        ``templates`` adds further trees to read (name -> host pytree).
-        Returns (new state, metadata, the further trees)."""
+        and shape, its arrays placed as :meth:`place` does. The checkpoint
+        must have been written with the same ``settings`` (``{name: this
+        run's value}``: the number of shards, the batch, ...). Returns (new
+        state, metadata)."""
         def check(meta):
             theirs = {k: meta.get(k) for k in settings}
             if theirs != dict(settings):
@@ -145,12 +158,11 @@ class CheckpointStore:
                     f"{path!r} holds a trainer state of version {version}; this chemtrain reads "
                     f"versions {READABLE_STATE_VERSIONS}. Use the chemtrain that wrote it.")
         own = self.host(state)[0]
-        meta, trees = self.load(path, {**own, **(templates or {})}, check)
-        placed = {name: self.strategy.replicate(trees[name]) if name in self.replicated
-                  else trees[name] for name in own}
+        meta, trees = self.load(path, own, check)
+        placed = {name: self.place(name, trees[name]) for name in own}
         # version 1 (attribute-by-attribute trainers) stored the same fields
         restored = type(state).join(placed, {k: meta[k] for k in type(state).plain_fields()})
-        return restored, meta, {name: trees[name] for name in (templates or {})}
+        return restored, meta
 
     def _meta(self, meta: Mapping, kind: str) -> dict:
         return dict(meta, kind=kind, trainer=self.trainer, run_id=self.run_id,
@@ -354,18 +366,39 @@ def close_epoch(strategy, reporter, record: dict, text: str, epochs_bar, started
 
 def checked_params(strategy, current, params):
     """``params`` as host numpy (the root's values on every process), after
-    checking that they have the structure, shapes and dtypes of ``current``
-    (host numpy): how one trainer hands its parameters to another."""
-    host = strategy.broadcast_from_root(jax.tree.map(np.asarray, params))
-    want, got = jax.tree.structure(current), jax.tree.structure(host)
-    if want != got:
-        raise raised_everywhere(ValueError(
-            f"The new parameters have another structure than the trainer's: expected {want}, "
-            f"got {got}."))
-    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(current)[0],
-                            jax.tree.leaves(host)):
-        if np.shape(a) != np.shape(b) or np.asarray(a).dtype != np.asarray(b).dtype:
-            raise raised_everywhere(ValueError(
-                f"Parameter {jax.tree_util.keystr(path)}: expected shape {np.shape(a)} and dtype "
-                f"{np.asarray(a).dtype}, got {np.shape(b)} and {np.asarray(b).dtype}."))
-    return host
+    checking on every process that they have the structure, shapes and
+    dtypes of ``current`` (host numpy): how one trainer hands its parameters
+    to another. A mismatch on any process raises on all of them before
+    anything is sent (a broadcast of unequal structures could wait forever)."""
+    def check():
+        host = jax.tree.map(np.asarray, params)
+        want, got = jax.tree.structure(current), jax.tree.structure(host)
+        if want != got:
+            raise ValueError(f"The new parameters have another structure than the trainer's: "
+                             f"expected {want}, got {got}.")
+        for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(current)[0],
+                                jax.tree.leaves(host)):
+            if np.shape(a) != np.shape(b) or np.asarray(a).dtype != np.asarray(b).dtype:
+                raise ValueError(
+                    f"Parameter {jax.tree_util.keystr(path)}: expected shape {np.shape(a)} and "
+                    f"dtype {np.asarray(a).dtype}, got {np.shape(b)} and {np.asarray(b).dtype}.")
+        return host
+    return strategy.broadcast_from_root(agree(strategy, check, "checking the new parameters"))
+
+
+class HoldsState:
+    """Mixin of the trainers: their resumable state is ``self.state`` (a
+    :class:`~.state.TrainerState`) whose arrays ``self.store`` (a
+    :class:`CheckpointStore`) places. ``params`` reads it; setting it is how
+    one trainer hands its parameters to another: checked on every process
+    (:func:`checked_params`), the root's values placed."""
+
+    @property
+    def params(self):
+        return self.state.params
+
+    @params.setter
+    def params(self, params) -> None:
+        host = checked_params(self.store.strategy, self.store.to_host("params", self.state.params),
+                              params)
+        self.state = self.state.replace(params=self.store.place("params", host))
