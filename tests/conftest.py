@@ -29,3 +29,20 @@ def reference(tmp_path_factory):
     tr.train(FIXED["epochs"])
     flat = jax.tree_util.tree_flatten_with_path(jax.tree.map(np.asarray, tr.params))[0]
     return {jax.tree_util.keystr(k): v for k, v in flat}, tr.train_losses, tr.val_losses, params
+
+
+@pytest.fixture(scope="module")
+def problem():
+    """(dataset, init_params, template, nbrs_init) of the pair-MLP problem
+    (test_services.py, test_checkpoint.py)."""
+    from problems import mlp_problem
+    return mlp_problem()
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    """name -> random mace-torch model file, its conversion and the export
+    of the conversion (built on first use; mace_calc.model_cache), shared by
+    test_export.py and test_calculator.py: a few small models, built once."""
+    from mace_calc import model_cache
+    return model_cache(tmp_path_factory.mktemp("export"))

@@ -1,4 +1,5 @@
-"""Bad input gets a clear error; failed steps keep the last good state."""
+"""Bad input gets a clear error; failed steps keep the last good state.
+(Checkpoints from elsewhere are tested in test_checkpoint.py.)"""
 import subprocess
 import sys
 
@@ -9,17 +10,10 @@ import optax
 import pytest
 from jax.sharding import Mesh
 
+from builders import build
 from chemtrain.checkpoint import CheckpointError
 from chemtrain.trainers import ForceMatching, TrainingError
 from problems import adam, mlp_problem
-
-
-def build(tmp_path, **kw):
-    data, params, template, nbrs = mlp_problem()
-    kw.setdefault("batch", 4)
-    kw.setdefault("parallelism", "single")
-    kw.setdefault("progress", False)
-    return ForceMatching(params, adam(), template, nbrs, checkpoint_path=str(tmp_path), **kw), data
 
 
 def test_batch_not_divisible_by_devices(tmp_path):
@@ -147,27 +141,6 @@ def test_non_finite_loss_mid_epoch_keeps_applied_steps(tmp_path):
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(tr.params))
     assert not np.array_equal(tr.params["layers"][0]["b"], params["layers"][0]["b"])
     assert (tmp_path / "error_state.npz").exists()
-
-
-def test_checkpoint_from_other_world_size_and_garbage(tmp_path):
-    tr, data = build(tmp_path)
-    tr.save_checkpoint(str(tmp_path / "one.npz"))
-    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
-    tr2, _ = build(tmp_path, parallelism="jax", mesh=mesh)
-    with pytest.raises(CheckpointError, match="n_shards=1"):
-        tr2.restore(str(tmp_path / "one.npz"))
-    (tmp_path / "junk.npz").write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError, match="not a chemtrain checkpoint"):
-        tr.restore(str(tmp_path / "junk.npz"))
-    with pytest.raises(FileNotFoundError):
-        tr.restore(str(tmp_path / "missing.npz"))
-
-
-def test_checkpoint_is_plain_data(tmp_path):
-    tr, _ = build(tmp_path)
-    tr.save_checkpoint(str(tmp_path / "c.npz"))
-    with np.load(tmp_path / "c.npz", allow_pickle=False) as z:  # raises on pickled objects
-        assert all(z[k].dtype != object for k in z.files)
 
 
 def test_import_is_light():

@@ -1,22 +1,23 @@
-"""Materials data: periodic cells of any size (precomputed graphs), stress
-targets, the minimum-image error, the converter's stresses and graphs.
+"""Materials data: periodic cells of any size (precomputed graphs) through
+MACE and the trainer, stress targets, the trainer's graph-mode errors.
+(Host edges, neighbor lists and the minimum-image error are tested in
+test_neighbors.py, the converter in test_convert.py.)
 
-References are independent of the code under test: a brute-force image
-search, mace-torch's MACECalculator (energies, forces, stress) and ASE's
-Lennard-Jones calculator.
+References are independent of the code under test: mace-torch's
+MACECalculator (energies, forces, stress) and ASE's Lennard-Jones
+calculator.
 """
 from __future__ import annotations
-
-import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax_md import partition, space
+from jax_md import space
 
 import mace_ref
+from cells_ref import EPSILON, LJ_GRAPHS, RC, RO, SIGMA, lj_crystals, lj_data, lj_molecules
 from chemtrain import neighbors as nb
 from chemtrain import units
 from chemtrain.learn import force_matching as fm
@@ -29,77 +30,6 @@ STRESS = EV / units.ANGSTROM_TO_NM ** 3          # eV/A^3 -> kJ/mol/nm^3
 
 def rel(a, b):
     return float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / np.max(np.abs(b)))
-
-
-# ------------------------------------------------------------- host graphs
-
-def brute_edges(pos, cell, pbc, cutoff):
-    reps = [range(-6, 7) if p else [0] for p in pbc]
-    out = set()
-    for S in itertools.product(*reps):
-        d = pos[None, :, :] - pos[:, None, :] + np.array(S) @ cell
-        for i, j in zip(*np.nonzero(np.linalg.norm(d, axis=-1) < cutoff)):
-            if i != j or any(S):
-                out.add((int(i), int(j), S))
-    return out
-
-
-@pytest.mark.parametrize("backend", ["matscipy", "ase"])
-def test_host_edges_are_every_image(backend):
-    rng = np.random.default_rng(0)
-    tri = np.array([[3.0, 0, 0], [1.2, 2.9, 0], [0.7, -0.6, 3.3]])
-    slab = np.array([[3.1, 0, 0], [0.5, 3.0, 0], [0, 0, 0]])          # no third vector
-    cases = [(rng.uniform(0, 5, (7, 3)), np.zeros((3, 3)), [False] * 3),  # molecule
-             (np.array([[0.1, 0.1, 0.1], [1.5, 1.5, 1.5]]), np.eye(3) * 2.8, [True] * 3),
-             (rng.uniform(-0.3, 1.3, (5, 3)) @ tri, tri, [True] * 3),  # atoms outside the cell
-             (rng.uniform(0, 1, (6, 3)) @ np.diag([3.0, 3.0, 6.0]) + [5, -7, 30], slab,
-              [True, True, False])]
-    for pos, cell, pbc in cases:
-        i, j, S = nb.host_edges(pos, cell, pbc, 4.0, backend)
-        got = {(int(a), int(b), tuple(int(x) for x in s)) for a, b, s in zip(i, j, S)}
-        assert len(got) == len(i) and got == brute_edges(pos, cell, pbc, 4.0)
-
-
-def test_precompute_graphs_pads_and_masks():
-    R = np.zeros((2, 4, 3))
-    R[:, :3] = [[0.0, 0, 0], [0.1, 0, 0], [0.0, 0.12, 0]]
-    R[0, 3] = [0.05, 0.05, 0]              # a padded atom next to the others
-    mask = np.array([[1, 1, 1, 0], [1, 1, 1, 0]], bool)
-    box = np.stack([np.zeros((3, 3)), np.eye(3) * 0.25])   # a molecule and a 0.25 nm cell
-    g = nb.precompute_graphs(R, box, 0.3, mask=mask)
-    assert g["senders"].shape == g["receivers"].shape and g["shifts"].shape[2] == 3
-    assert g["senders"].dtype == np.int32 and np.issubdtype(g["shifts"].dtype, np.integer)
-    real = g["senders"] < 4
-    assert real[0].sum() == 6 and not (g["shifts"][0] != 0).any()     # 3 atoms, both directions
-    assert real[1].sum() > 6 * 10                                       # many images
-    assert (g["senders"][~real] == 4).all() and (g["receivers"][~real] == 4).all()
-    assert not ((g["senders"] == 3) | (g["receivers"] == 3)).any()     # padded atom: no edges
-    with pytest.raises(ValueError, match=r"Structure 1 has \d+ edges, more than capacity=10"):
-        nb.precompute_graphs(R, box, 0.3, mask=mask, capacity=10)
-
-
-def test_neighbor_list_helper_chooses_settings():
-    rng = np.random.default_rng(0)
-    R = jnp.asarray(rng.uniform(0, 1.0, (40, 3)))
-    disp, _ = nb.make_space(None)                      # a molecule: never a cell list
-    nbrs = nb.neighbor_list(disp, None, 0.3).allocate(R)
-    assert nbrs.cell_list_fn is None and nb.list_cutoff(nbrs) == 0.3
-    s, r, _, real = nb.edge_vectors(disp, R, nbrs)
-    got = {(int(a), int(b)) for a, b, m in zip(s, r, real) if m}
-    d = np.linalg.norm(np.asarray(R)[:, None] - np.asarray(R)[None], axis=-1)
-    assert got == {(int(i), int(j)) for i, j in zip(*np.nonzero((d < 0.3) & (d > 0)))}
-    # periodic: a cell list only for enough atoms and at least 3 cells per side
-    box = np.eye(3) * 1.0
-    disp, _ = nb.make_space(box)
-    assert nb.neighbor_list(disp, box, 0.3).allocate(R).cell_list_fn is None
-    many = nb.neighbor_list(disp, box, 0.3, cell_list_min_atoms=40).allocate(R)
-    assert many.cell_list_fn is not None
-    s, r, vec, real = nb.edge_vectors(disp, R, many)
-    dv = np.asarray(R)[None] - np.asarray(R)[:, None]
-    d = np.linalg.norm(dv - np.round(dv), axis=-1)
-    got = {(int(a), int(b)) for a, b, m in zip(s, r, real) if m}
-    assert got == {(int(i), int(j)) for i, j in zip(*np.nonzero((d < 0.3) & (d > 0)))}
-    assert nb.neighbor_list(disp, box, 0.35, cell_list_min_atoms=40).allocate(R).cell_list_fn is None
 
 
 # ------------------------------------------------------------ MACE vs torch
@@ -188,46 +118,7 @@ def test_mace_matches_torch_on_small_cells(tmp_path, name):
         cm.energy_fn_template(cfg, space.free()[0]).validate_dataset(jaxmd_data)
 
 
-# ---------------------------------------------------- the minimum-image error
-
-def lj_data(n=4, box=0.5):
-    rng = np.random.default_rng(0)
-    R = rng.uniform(0, box, (n, 4, 3))
-    return {"R": R, "U": np.zeros(n), "F": np.zeros_like(R), "box": np.tile(np.eye(3) * box, (n, 1, 1))}
-
-
-def test_small_cell_with_jax_md_list_is_refused(tmp_path):
-    disp, _ = space.periodic_general(np.eye(3) * 0.5, fractional_coordinates=False)
-    # the helper refuses the cell when it is built, naming widths and cutoff
-    with pytest.raises(nb.SmallCellError, match=r"perpendicular widths \[0\.5 +0\.5 +0\.5\] nm.*"
-                                                 r"twice the cutoff \(0\.4 nm"):
-        nb.neighbor_list(disp, np.eye(3) * 0.5, 0.4)
-    tri = np.array([[1.0, 0.0, 0.0], [0.9, 0.3, 0.0], [0.0, 0.0, 1.0]]).T   # 0.29 nm between faces
-    with pytest.raises(nb.SmallCellError, match=r"widths \[0\.3162 0\.3 +1\. +\] nm"):
-        nb.neighbor_list(disp, tri, 0.2)
-    # a plain jax-md list: the trainer refuses the data's cells (its reach 0.45 nm)
-    nbrs = partition.neighbor_list(disp, np.eye(3) * 0.5, 0.4, dr_threshold=0.05,
-                                   format=partition.Sparse, disable_cell_list=True
-                                   ).allocate(jnp.asarray(lj_data()["R"][0]))
-    assert nb.list_cutoff(nbrs) == pytest.approx(0.45)
-    tr = ForceMatching({"sigma": 0.3, "epsilon": 1.0}, optax.sgd(1e-3),
-                       lennard_jones_template(disp, 0.4), nbrs, batch=2, parallelism="single",
-                       progress=False, checkpoint_path=str(tmp_path))
-    with pytest.raises(nb.SmallCellError, match=r"structure\(s\), first \[0, 1, 2, 3\]\) has "
-                                                 r"perpendicular widths \[0\.5 +0\.5 +0\.5\] nm"):
-        tr.set_datasets(lj_data(), train_ratio=1.0, val_ratio=0.0)
-    tr.set_datasets(lj_data(box=1.0), train_ratio=1.0, val_ratio=0.0)   # wide enough: fine
-    # from a file too (the trainer reads the box column)
-    from chemtrain.data import HDF5ParallelDataLoader
-    from problems import write_h5
-    h5 = write_h5(tmp_path / "small.h5", lj_data())
-    with pytest.raises(nb.SmallCellError, match="the training loader's data"):
-        tr.set_loader(HDF5ParallelDataLoader(h5), "training")
-    # slabs cannot go through a jax-md list either
-    slab = dict(lj_data(box=1.0), pbc=np.tile([True, True, False], (4, 1)))
-    with pytest.raises(nb.SmallCellError, match=r"periodic along \[True, True, False\] only"):
-        tr.set_datasets(slab, train_ratio=1.0, val_ratio=0.0)
-
+# ------------------------------------------------------ graph-mode errors
 
 def test_graph_mode_errors(tmp_path):
     disp, _ = space.free()
@@ -257,13 +148,6 @@ def test_graph_mode_errors(tmp_path):
 
 # --------------------------------------------------- Lennard-Jones with stress
 
-SIGMA, EPSILON, RC, RO = 3.4, 0.0104, 7.0, 6.0      # Angstrom, eV (argon-like)
-
-
-# the project's LJ on precomputed graphs (no displacement function needed)
-LJ_GRAPHS = lennard_jones_template(None, RC * 0.1, RO * 0.1)
-
-
 def ase_lj_labels(structures):
     """U, F, stress (chemtrain units) from ASE's smooth Lennard-Jones."""
     import ase
@@ -276,27 +160,6 @@ def ase_lj_labels(structures):
         F.append(atoms.get_forces() * EV * 10)
         S.append(atoms.get_stress(voigt=False) * STRESS if all(pbc) else np.zeros((3, 3)))
     return np.array(U), F, np.stack(S)
-
-
-def lj_crystals(n, seed):
-    """Strained, disturbed argon fcc cells of 1 and 4 atoms (3-5 A wide)."""
-    from ase.build import bulk
-    rng = np.random.default_rng(seed)
-    out = []
-    for k in range(n):
-        atoms = bulk("Ar", "fcc", a=5.3 * rng.uniform(0.97, 1.05), cubic=bool(k % 2))
-        strain = np.eye(3) + 0.03 * rng.normal(size=(3, 3))
-        cell = atoms.cell.array @ strain
-        pos = atoms.positions @ strain + 0.1 * rng.normal(size=atoms.positions.shape)
-        out.append((pos, cell, [True] * 3))
-    return out
-
-
-def lj_molecules(n, seed):
-    """Argon triangles (no cell)."""
-    rng = np.random.default_rng(seed)
-    tri = np.array([[0.0, 0, 0], [3.8, 0, 0], [1.9, 3.3, 0]])
-    return [(tri + rng.normal(0, 0.15, (3, 3)), np.zeros((3, 3)), [False] * 3) for _ in range(n)]
 
 
 def lj_dataset(structures):
@@ -379,59 +242,6 @@ def test_molecules_and_cells_train_without_nan(tmp_path):
     cells = tr.evaluate("testing")["stress"]
     assert after["stress"]["MAE"] == pytest.approx(cells["MAE"], rel=1e-10)
     assert after["stress"]["RMSE"] == pytest.approx(cells["RMSE"], rel=1e-10)
-
-
-# ------------------------------------------------------------ the converter
-
-def test_converter_reads_stress_and_writes_graphs(tmp_path):
-    import ase
-    import ase.io
-    import h5py
-    from ase.calculators.singlepoint import SinglePointCalculator
-    from chemtrain.data import HDF5ParallelDataLoader
-    from chemtrain.data.convert import convert
-    frames = []
-    for pos, cell, pbc in lj_crystals(2, seed=4) + lj_molecules(1, seed=5):
-        atoms = ase.Atoms("Ar" * len(pos), positions=pos, cell=cell, pbc=pbc)
-        results = {"energy": -0.1, "forces": np.full((len(pos), 3), 0.01)}
-        if all(pbc):
-            results["stress"] = np.array([1e-3, 2e-3, 3e-3, 4e-4, 5e-4, 6e-4])   # Voigt, eV/A^3
-        atoms.calc = SinglePointCalculator(atoms, **results)
-        frames.append(atoms)
-    src = str(tmp_path / "frames.extxyz")
-    ase.io.write(src, frames)
-    out = str(tmp_path / "frames.h5")
-    convert(src, out, graph_cutoff=RC * 0.1, progress=False)
-    with h5py.File(out, "r") as f:
-        stress, weight = f["stress"][()], f["stress_weight"][()]
-        graphs = {k: f[k][()] for k in nb.GRAPH_KEYS}
-        R, box, mask = f["R"][()], f["box"][()], f["mask"][()]
-        assert f.attrs["stress_unit"] == "kJ/mol/nm^3"
-    voigt = np.array([[1e-3, 6e-4, 5e-4], [6e-4, 2e-3, 4e-4], [5e-4, 4e-4, 3e-3]])
-    np.testing.assert_allclose(stress[:2], np.stack([voigt] * 2) * 96485.33212, rtol=1e-9)
-    assert (stress[2] == 0).all() and weight.tolist() == [1.0, 1.0, 0.0]
-    for k in range(3):   # the edges of the positions and cells in the file
-        pos, cell = R[k][mask[k]] * 10, box[k].T * 10
-        pbc = [bool(cell.any())] * 3
-        s, r, S = (graphs[key][k] for key in nb.GRAPH_KEYS)
-        real = s < R.shape[1]
-        got = {(int(a), int(b), tuple(int(x) for x in v)) for a, b, v in zip(s[real], r[real], S[real])}
-        assert got == brute_edges(pos, cell, pbc, RC)
-    # the trainer reads it with nbrs_init=None and asks for the stress weights
-    tr = ForceMatching({"sigma": jnp.asarray(0.34), "epsilon": jnp.asarray(1.0)}, optax.sgd(0.0),
-                       LJ_GRAPHS, None, batch=3, parallelism="single",
-                       gammas={"U": 1.0, "stress": 1.0}, progress=False,
-                       checkpoint_path=str(tmp_path / "c"))
-    with pytest.raises(ValueError, match="stress_weight"):
-        tr.set_loader(HDF5ParallelDataLoader(out), "testing")
-    tr = ForceMatching({"sigma": jnp.asarray(0.34), "epsilon": jnp.asarray(1.0)}, optax.sgd(0.0),
-                       LJ_GRAPHS, None, batch=3, parallelism="single",
-                       gammas={"U": 1.0, "stress": 1.0}, weights_keys={"stress": "stress_weight"},
-                       progress=False, checkpoint_path=str(tmp_path / "c"))
-    tr.set_loader(HDF5ParallelDataLoader(out, keys=["R", "U", "F", "box", "mask", "stress",
-                                                    "stress_weight", *nb.GRAPH_KEYS]), "testing")
-    metrics = tr.evaluate("testing")
-    assert np.isfinite(metrics["loss"]) and metrics["stress"]["MAE"] > 0
 
 
 def test_graphs_on_two_devices_equal_one(tmp_path):

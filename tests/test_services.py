@@ -1,26 +1,13 @@
 """Trainer services in one process: explicit templates, input checks the
-trainer makes, checkpoint folders owned by one run, and a failed step whose
-error state cannot be written."""
+trainer makes, and a failed step whose error state cannot be written.
+(Checkpoint folders owned by one run: test_checkpoint.py.)"""
 import jax
 import numpy as np
 import pytest
 
-from chemtrain.checkpoint import CheckpointError
+from builders import trainer
 from chemtrain.models import EnergyTemplate, as_template
-from chemtrain.trainers import ForceMatching, TrainingError
-from problems import adam, mlp_problem
-
-
-@pytest.fixture(scope="module")
-def problem():
-    return mlp_problem()
-
-
-def trainer(problem, folder, template=None, nbrs=None, **kw):
-    data, params, tmpl, nb = problem
-    return ForceMatching(params, adam(), tmpl if template is None else template,
-                         nb if nbrs is None else nbrs, batch=4, parallelism="single",
-                         progress=False, checkpoint_path=str(folder), **kw)
+from chemtrain.trainers import TrainingError
 
 
 def test_template_attributes_are_refused_not_ignored(problem, tmp_path):
@@ -45,22 +32,6 @@ def test_negative_gamma_and_positions_dtype(problem, tmp_path):
     with pytest.raises(TypeError, match="float32 positions, but nbrs_init was allocated with "
                                         "float64"):
         tr.set_datasets(dict(data, R=data["R"].astype(np.float32)))
-
-
-def test_a_new_run_does_not_overwrite_another_runs_checkpoints(problem, tmp_path):
-    data = problem[0]
-    first = trainer(problem, tmp_path)
-    first.set_datasets(data)
-    first.train(1, checkpoint_freq=1)
-    written = (tmp_path / "epoch_00001.npz").read_bytes()
-    second = trainer(problem, tmp_path)
-    second.set_datasets(data)
-    with pytest.raises(CheckpointError, match="already holds checkpoints of another run"):
-        second.train(1, checkpoint_freq=1)
-    assert (tmp_path / "epoch_00001.npz").read_bytes() == written and second.epoch == 0
-    second.restore(str(tmp_path / "epoch_00001.npz"))  # continuing that run is fine
-    second.train(1, checkpoint_freq=1)
-    assert (tmp_path / "epoch_00002.npz").exists()
 
 
 def test_failed_step_still_explains_when_error_state_cannot_be_written(problem, tmp_path):
