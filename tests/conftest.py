@@ -1,6 +1,9 @@
 """Test set-up: four CPU devices and float64, before JAX is imported."""
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -8,6 +11,14 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+
+# Tests build many identical programs (the same small models and systems in
+# new trainers): a compilation cache for this test session, in this process
+# only (subprocesses compile for themselves), compiles each once.
+_CACHE = tempfile.mkdtemp(prefix="chemtrain-test-jax-cache-")
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+jax.config.update("jax_compilation_cache_dir", _CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "_support"))
 
