@@ -13,11 +13,13 @@ import jax  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 
 # Tests build many identical programs (the same small models and systems in
-# new trainers): a compilation cache for this test session, in this process
-# only (subprocesses compile for themselves), compiles each once.
-_CACHE = tempfile.mkdtemp(prefix="chemtrain-test-jax-cache-")
-atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
-jax.config.update("jax_compilation_cache_dir", _CACHE)
+# new trainers): a compilation cache for this test session compiles each
+# once. This process's cache is its own; test scripts run as subprocesses
+# make their own under the same root (mp.private_compile_cache).
+_ROOT = tempfile.mkdtemp(prefix="chemtrain-test-jax-cache-")
+atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
+os.environ["CHEMTRAIN_TEST_CACHE_ROOT"] = _ROOT
+jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(dir=_ROOT))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "_support"))

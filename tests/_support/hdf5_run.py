@@ -55,6 +55,7 @@ def main():
     p.add_argument("--rss-model", action="store_true")
     args = p.parse_args()
     import jax
+    mp.private_compile_cache()
     mp.init_jax_distributed(args)
     jax.config.update("jax_enable_x64", True)
     import h5py
@@ -83,9 +84,9 @@ def main():
         def _open(self):
             return LoggedFile(h5py.File(self.path, "r"), reads)
 
-        def _read(self, f, idx):
+        def read_rows(self, f, idx):
             reads.append((os.path.basename(self.path), "batch", []))  # a batch starts
-            return super()._read(f, idx)
+            return super().read_rows(f, idx)
 
     source = h5py.File(args.train, "r") if args.open_file else args.train
     tr.set_loader(Logged(source), "training")
