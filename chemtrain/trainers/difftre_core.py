@@ -29,9 +29,9 @@ from ..parallel import agree, make_strategy, raised_everywhere
 from ..simulate.trajectory import NeighborListOverflowError, SimulationError, run_with_restart
 from . import difftre_io
 from .difftre_files import DifftreFiles
-from .services import (CheckpointStore, HoldsState, Reporter, check_consistency, close_epoch,
+from .services import (CheckpointStore, Reporter, check_consistency, close_epoch,
                        collective, init_state)
-from .state import DifftreState
+from .state import DifftreState, HoldsState
 from .statepoint import StatePoint, fingerprint, make_statepoint
 
 log = logging.getLogger("chemtrain")

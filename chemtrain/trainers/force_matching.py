@@ -20,9 +20,9 @@ from ..learn.step import make_reduced, make_update
 from ..models.template import as_template
 from ..parallel import make_strategy, raised_everywhere
 from .services import (CheckpointStore, Reporter, TrainingError, add_trees, check_consistency,
-                       HoldsState, close_epoch, collective, init_state, run_steps)
+                       close_epoch, collective, init_state, run_steps)
 from .stages import DataStages, global_batch
-from .state import FMState
+from .state import FMState, HoldsState
 
 log = logging.getLogger("chemtrain")
 

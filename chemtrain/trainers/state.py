@@ -22,6 +22,9 @@ import math
 from typing import Any, ClassVar, Mapping
 
 import jax
+import numpy as np
+
+from ..parallel.failures import agree
 
 
 def _plain(value, where: str):
@@ -135,3 +138,43 @@ class DifftreState(TrainerState):
     history: list = dataclasses.field(default_factory=list)
     epoch_losses: list = dataclasses.field(default_factory=list)
     update_losses: list = dataclasses.field(default_factory=list)
+
+
+def checked_params(strategy, current, params):
+    """``params`` as host numpy (the root's values on every process), after
+    checking on every process that they have the structure, shapes and
+    dtypes of ``current`` (host numpy): how one trainer hands its parameters
+    to another. A mismatch on any process raises on all of them before
+    anything is sent (a broadcast of unequal structures could wait forever)."""
+    def check():
+        host = jax.tree.map(np.asarray, params)
+        want, got = jax.tree.structure(current), jax.tree.structure(host)
+        if want != got:
+            raise ValueError(f"The new parameters have another structure than the trainer's: "
+                             f"expected {want}, got {got}.")
+        for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(current)[0],
+                                jax.tree.leaves(host)):
+            if np.shape(a) != np.shape(b) or np.asarray(a).dtype != np.asarray(b).dtype:
+                raise ValueError(
+                    f"Parameter {jax.tree_util.keystr(path)}: expected shape {np.shape(a)} and "
+                    f"dtype {np.asarray(a).dtype}, got {np.shape(b)} and {np.asarray(b).dtype}.")
+        return host
+    return strategy.broadcast_from_root(agree(strategy, check, "checking the new parameters"))
+
+
+class HoldsState:
+    """Mixin of the trainers: their resumable state is ``self.state`` (a
+    :class:`~.state.TrainerState`) whose arrays ``self.store`` (a
+    :class:`CheckpointStore`) places. ``params`` reads it; setting it is how
+    one trainer hands its parameters to another: checked on every process
+    (:func:`checked_params`), the root's values placed."""
+
+    @property
+    def params(self):
+        return self.state.params
+
+    @params.setter
+    def params(self, params) -> None:
+        host = checked_params(self.store.strategy, self.store.to_host("params", self.state.params),
+                              params)
+        self.state = self.state.replace(params=self.store.place("params", host))
