@@ -125,6 +125,7 @@ def main():
     rec = exercise(s)
     with open(os.path.join(args.out, f"contract_{s.process_index}.json"), "w") as f:
         json.dump(rec, f)
+    s.host_allgather_object("written")  # every record is on disk before the abort
     if s.process_index == s.process_count - 1:
         s.abort(f"contract: process {s.process_index} ends the run")
     s.host_allgather_object("waiting for the end")  # only the abort ends this
