@@ -8,23 +8,19 @@ import tempfile
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-# Tests build many identical programs (the same small models and systems in
-# new trainers and in the many test scripts run as subprocesses; and every
-# process that imports jax_md compiles about 120 tiny programs at import).
-# One compilation cache for the whole test session, shared by this process
-# and every subprocess (they inherit these variables), compiles each once.
-# A size limit turns on JAX's file lock around reads and writes, so
-# processes running at once never read each other's half-written entries.
-_ROOT = tempfile.mkdtemp(prefix="chemtrain-test-jax-cache-")
-atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
-os.environ["JAX_COMPILATION_CACHE_DIR"] = _ROOT
-os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(8 << 30)
-
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+
+# Tests build many identical programs (the same small models and systems in
+# new trainers): a compilation cache for this test session compiles each
+# once. This process's cache is its own; test scripts run as subprocesses
+# make their own under the same root (mp.private_compile_cache).
+_ROOT = tempfile.mkdtemp(prefix="chemtrain-test-jax-cache-")
+atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
+os.environ["CHEMTRAIN_TEST_CACHE_ROOT"] = _ROOT
+jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(dir=_ROOT))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "_support"))
 

@@ -24,6 +24,24 @@ def init_jax_distributed(args):
                                    num_processes=args.distributed, process_id=args.process_id)
 
 
+#: where test processes keep their compilation caches (set by conftest for
+#: the test session, which removes it at the end)
+CACHE_ROOT = "CHEMTRAIN_TEST_CACHE_ROOT"
+
+
+def private_compile_cache():
+    """Give this process a JAX compilation cache of its own: a test script
+    builds the same small programs in many trainers, and compiles each once.
+    Its own, because processes running at once could read each other's
+    half-written entries."""
+    import tempfile
+    import jax
+    root = os.environ.get(CACHE_ROOT)
+    if root and os.path.isdir(root):
+        jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(dir=root))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+
+
 def env(devices=1, **extra):
     e = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     e["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"

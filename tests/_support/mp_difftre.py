@@ -34,6 +34,8 @@ def main():
     args = p.parse_args()
 
     import jax
+    import mp
+    mp.private_compile_cache()
     jax.config.update("jax_enable_x64", True)
     import numpy as np
     import optax
