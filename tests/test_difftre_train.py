@@ -30,7 +30,7 @@ from chemtrain.simulate import (NeighborListOverflowError, make_trajectory, proc
 from chemtrain.trainers.difftre import Difftre, DifftreParallel
 from chemtrain.trainers.services import TrainingError
 from chemtrain.units import kT as thermal_energy
-from difftre_systems import analytic_rdf, bonded_pair, pair_system
+from difftre_systems import analytic_rdf, bonded_pair, pair_system, update_recorder
 
 N, DENSITY, SIGMA, EPSILON, MASS, R_CUT = 128, 21.0, 0.34, 0.99, 39.95, 0.9
 BOX = (N / DENSITY) ** (1 / 3)
@@ -179,6 +179,20 @@ def test_harmonic_bond_from_analytic_rdf(tmp_path):
     errors = [np.mean((np.asarray(e["statepoints"][0]["predictions"]["rdf"]) - analytic_rdf(r)) ** 2)
               for e in trainer.history[-10:]]
     assert np.mean(errors) < 2e-3, errors
+
+
+def test_list_shorter_than_the_rdf_range_stops_before_the_first_update(tmp_path):
+    """Upstream's test builds a 0.5 nm list for an RDF to 1 nm; the bond
+    stretches past 0.5 nm. Those pairs must not vanish silently."""
+    displacement = pair_system(1.0)[0]
+    records, on_update = update_recorder()
+    short = partition.neighbor_list(displacement, 1.0, 0.5, format=partition.Dense)
+    with pytest.raises(ValueError, match=r"RDF counts pairs up to 0\.866025 nm, but the neighbor "
+                                         r"list's cutoff is 0\.5 nm"):
+        trainer = bonded_pair(1, neighbor_fn=short, on_update=on_update)
+        trainer.initialize_trajstates()
+        trainer.train(1)
+    assert records == []
 
 
 # -- resume, failures and bad input on a cheap system: two bonded particles ---------

@@ -243,3 +243,35 @@ def test_npt_snapshots_use_their_own_box(lj):
     npt = jax.jit(lambda s, nb: values(s, nb, frac_disp, frac_energy, None))(npt_state, nb)
     for a, b in zip(npt, nvt):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-12)
+
+
+def test_a_list_shorter_than_the_quantity_range_is_refused(lj):
+    """Pairs beyond the neighbor list's cutoff would vanish from g(r) and the
+    ADF without a word: a list known to be shorter is refused, naming both
+    numbers, whether it comes from jax-md or from chemtrain.neighbors."""
+    from chemtrain.neighbors import neighbor_list
+    displacement, _, _, R, P, _ = lj
+    state = _state(R[0], P[0])
+    rdf = quantity.rdf(displacement, quantity.rdf_discretization(0.8, 40), BOX)
+    adf = quantity.adf(displacement, quantity.adf_discretization(r_outer=0.6, nbins=20), BOX)
+    for short in (partition.neighbor_list(displacement, BOX, 0.5, format=partition.Dense),
+                  neighbor_list(displacement, BOX, 0.5, format="dense")):
+        nb = short.allocate(state.position)
+        with pytest.raises(ValueError, match=r"RDF counts pairs up to 0\.8 nm, but the neighbor "
+                                             r"list's cutoff is 0\.5 nm.*rdf_cut"):
+            jax.jit(lambda s, nb: rdf(s, neighbor=nb))(state, nb)
+        with pytest.raises(ValueError, match=r"ADF counts pairs up to 0\.6 nm.*cutoff is 0\.5 nm"
+                                             r".*r_outer"):
+            adf(state, neighbor=nb)
+    # (long enough lists pass: the tests above use them)
+    # in a small fixed box the farthest minimum image bounds what the list must reach:
+    # 2 particles, box 1 nm, RDF to 1 nm, list 0.9 nm >= sqrt(3)/2 nm
+    disp1, _ = space.periodic(1.0)
+    two = _state(np.array([[0.0, 0.0, 0.0], [0.5, 0.5, 0.45]]), np.zeros((2, 3)))
+    two = two.set(mass=jnp.ones((2, 1)))
+    rdf1 = quantity.rdf(disp1, quantity.rdf_discretization(1.0, 50), 1.0)
+    nb = partition.neighbor_list(disp1, 1.0, 0.9, format=partition.Dense).allocate(two.position)
+    assert float(jnp.sum(jax.jit(lambda s, nb: rdf1(s, neighbor=nb))(two, nb))) > 0
+    nb = partition.neighbor_list(disp1, 1.0, 0.5, format=partition.Dense).allocate(two.position)
+    with pytest.raises(ValueError, match=r"up to 0\.866025 nm.*cutoff is 0\.5 nm"):
+        rdf1(two, neighbor=nb)

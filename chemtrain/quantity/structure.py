@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..neighbors import neighbor_pairs
+from ..neighbors import list_cutoff, neighbor_pairs
 from ..ensemble import box_kwargs, volume
 from ._common import snapshot_box
 
@@ -84,6 +84,33 @@ def _smoothed_histogram(x, use, centers, sigma):
     return jnp.zeros(c.size, x.dtype).at[jnp.where(inside, bins, 0)].add(k)
 
 
+def _farthest_image(box) -> float:
+    """The largest minimum-image distance in a fixed orthorhombic ``box``
+    (scalar or side lengths), inf when the box is unknown or general."""
+    if box is None:
+        return math.inf
+    try:
+        sides = np.asarray(box, dtype=float)
+    except (TypeError, jax.errors.TracerArrayConversionError):
+        return math.inf
+    if sides.ndim > 1:
+        return math.inf
+    sides = np.broadcast_to(sides, (3,)) if sides.ndim == 0 else sides
+    return float(np.sqrt(np.sum((sides / 2) ** 2)))
+
+
+def check_list_reach(neighbor, needed: float, what: str, fix: str) -> None:
+    """Refuse a neighbor list whose cutoff (when known) is shorter than the
+    distance ``needed`` up to which a quantity counts pairs: the pairs
+    beyond the list's cutoff would be missing without a word."""
+    cutoff = list_cutoff(neighbor)
+    if cutoff is not None and cutoff < needed - 1e-9:
+        raise ValueError(
+            f"{what} counts pairs up to {needed:g} nm, but the neighbor list's cutoff is "
+            f"{cutoff:g} nm: the pairs between {cutoff:g} and {needed:g} nm would be missing. "
+            f"Build the neighbor list with a cutoff of at least {needed:g} nm, or {fix}.")
+
+
 def _as_params(params, cls, n):
     if isinstance(params, cls):
         return params
@@ -105,7 +132,10 @@ def rdf(displacement_fn, rdf_params, box=None, r_cut: float | None = None):
     i.e. the smoothed pair count relative to an ideal gas of the same density
     (the normalisation of ASE's ``get_rdf`` and upstream chemtrain). ``box``:
     the fixed simulation box (NVT); NPT snapshots use their own box. The
-    neighbor list's cutoff must be at least ``r_cut``.
+    neighbor list's cutoff must be at least ``r_cut`` (or, in a fixed
+    orthorhombic box, the largest minimum-image distance, if smaller): a
+    list whose cutoff is known to be shorter is refused with a ValueError
+    at the first evaluation.
     """
     p = _as_params(rdf_params, RDFParams, 3)
     centers, edges = np.asarray(p.bin_centers), np.asarray(p.bin_edges)
@@ -115,11 +145,14 @@ def rdf(displacement_fn, rdf_params, box=None, r_cut: float | None = None):
     sigma = float(p.sigma)
     r_cut = float(edges[-1]) if r_cut is None else float(r_cut)
     widths = np.diff(edges)
+    reach = min(r_cut, _farthest_image(box))
 
     def fn(state, neighbor=None, energy_fn=None, **kwargs):
         if neighbor is None:
             raise ValueError("rdf is computed from the neighbor list: call it as "
                              "fn(state, neighbor=nbrs).")
+        check_list_reach(neighbor, reach, "The RDF",
+                         f"lower the RDF's range (rdf_discretization(rdf_cut=..., now {r_cut:g}))")
         R = state.position
         n, dim = R.shape
         vol = volume(snapshot_box(state, box, kwargs), dim)
@@ -182,6 +215,8 @@ def adf(displacement_fn, adf_params, box=None, max_neighbors: int | None = None)
         if neighbor is None:
             raise ValueError("adf is computed from the neighbor list: call it as "
                              "fn(state, neighbor=nbrs).")
+        check_list_reach(neighbor, r_outer, "The ADF",
+                         "lower the ADF's r_outer (adf_discretization(r_outer=...))")
         R = state.position
         n = R.shape[0]
         dkw = box_kwargs(state)
