@@ -275,3 +275,8 @@ def test_a_list_shorter_than_the_quantity_range_is_refused(lj):
     nb = partition.neighbor_list(disp1, 1.0, 0.5, format=partition.Dense).allocate(two.position)
     with pytest.raises(ValueError, match=r"up to 0\.866025 nm.*cutoff is 0\.5 nm"):
         rdf1(two, neighbor=nb)
+    # in two dimensions the farthest image is sqrt(2)/2 nm: a 0.75 nm list suffices
+    flat = simulate.NVTLangevinState(jnp.array([[0.0, 0.0], [0.5, 0.45]]), jnp.zeros((2, 2)),
+                                     jnp.zeros((2, 2)), jnp.ones((2, 1)), jax.random.PRNGKey(0))
+    nb = partition.neighbor_list(disp1, 1.0, 0.75, format=partition.Dense).allocate(flat.position)
+    assert float(jnp.sum(jax.jit(lambda s, nb: rdf1(s, neighbor=nb))(flat, nb))) > 0

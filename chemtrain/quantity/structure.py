@@ -84,9 +84,10 @@ def _smoothed_histogram(x, use, centers, sigma):
     return jnp.zeros(c.size, x.dtype).at[jnp.where(inside, bins, 0)].add(k)
 
 
-def _farthest_image(box) -> float:
+def _farthest_image(box, dim: int) -> float:
     """The largest minimum-image distance in a fixed orthorhombic ``box``
-    (scalar or side lengths), inf when the box is unknown or general."""
+    (scalar or ``dim`` side lengths) of ``dim`` dimensions, inf when the box
+    is unknown or general."""
     if box is None:
         return math.inf
     try:
@@ -95,8 +96,7 @@ def _farthest_image(box) -> float:
         return math.inf
     if sides.ndim > 1:
         return math.inf
-    sides = np.broadcast_to(sides, (3,)) if sides.ndim == 0 else sides
-    return float(np.sqrt(np.sum((sides / 2) ** 2)))
+    return float(np.sqrt(np.sum(np.broadcast_to(sides / 2, (dim,)) ** 2)))
 
 
 def check_list_reach(neighbor, needed: float, what: str, fix: str) -> None:
@@ -145,16 +145,15 @@ def rdf(displacement_fn, rdf_params, box=None, r_cut: float | None = None):
     sigma = float(p.sigma)
     r_cut = float(edges[-1]) if r_cut is None else float(r_cut)
     widths = np.diff(edges)
-    reach = min(r_cut, _farthest_image(box))
 
     def fn(state, neighbor=None, energy_fn=None, **kwargs):
         if neighbor is None:
             raise ValueError("rdf is computed from the neighbor list: call it as "
                              "fn(state, neighbor=nbrs).")
-        check_list_reach(neighbor, reach, "The RDF",
-                         f"lower the RDF's range (rdf_discretization(rdf_cut=..., now {r_cut:g}))")
         R = state.position
         n, dim = R.shape
+        check_list_reach(neighbor, min(r_cut, _farthest_image(box, dim)), "The RDF",
+                         f"lower the RDF's range (rdf_discretization(rdf_cut=..., now {r_cut:g}))")
         vol = volume(snapshot_box(state, box, kwargs), dim)
         shell = (math.pi ** (dim / 2) / math.gamma(dim / 2 + 1)) * (edges[1:] ** dim
                                                                      - edges[:-1] ** dim)
