@@ -14,6 +14,7 @@ import tempfile
 import time
 
 import h5py
+import chemtrain  # noqa: F401  (before jax_md: chemtrain defers jax_md.rigid_body's costly import)
 import jax
 import numpy as np
 import optax

@@ -8,6 +8,7 @@ import tempfile
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import chemtrain  # noqa: E402,F401  (first: defers jax_md.rigid_body's costly import)
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)

@@ -30,16 +30,48 @@ CACHE_ROOT = "CHEMTRAIN_TEST_CACHE_ROOT"
 
 
 def private_compile_cache():
-    """Give this process a JAX compilation cache of its own: a test script
-    builds the same small programs in many trainers, and compiles each once.
-    Its own, because processes running at once could read each other's
-    half-written entries."""
+    """Give this process a JAX compilation cache of its own, seeded with what
+    earlier test processes compiled: test scripts build the same small
+    programs in many launches (and many trainers), and compile each once.
+
+    JAX writes a cache entry in place (not atomically), so no two processes
+    share a cache folder. This one starts as hard links to the finished
+    entries of the session's shared folder, and on exit links its new
+    entries into it: a link names a complete file, so every process sees
+    whole entries or none."""
+    import atexit
     import tempfile
     import jax
     root = os.environ.get(CACHE_ROOT)
-    if root and os.path.isdir(root):
-        jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(dir=root))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    if not (root and os.path.isdir(root)):
+        return
+    shared = os.path.join(root, "shared")
+    os.makedirs(shared, exist_ok=True)
+    mine = tempfile.mkdtemp(dir=root)
+    for name in os.listdir(shared):
+        if name.endswith("-cache"):
+            _link(os.path.join(shared, name), os.path.join(mine, name))
+    seeded = set(os.listdir(mine))
+    jax.config.update("jax_compilation_cache_dir", mine)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+
+    def publish():
+        for name in set(os.listdir(mine)) - seeded:
+            if name.endswith("-cache"):
+                _link(os.path.join(mine, name), os.path.join(shared, name))
+    atexit.register(publish)
+
+
+def _link(src, dst):
+    try:
+        os.link(src, dst)
+    except FileExistsError:
+        pass
+    except OSError:   # no hard links here: a copy under a temporary name, then a rename
+        import shutil
+        tmp = f"{dst}.{os.getpid()}.tmp"
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
 
 
 def env(devices=1, **extra):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 
+import chemtrain  # noqa: F401  (before jax_md: chemtrain defers jax_md.rigid_body's costly import)
 import jax
 import jax.numpy as jnp
 import numpy as np
