@@ -30,7 +30,7 @@ from chemtrain.simulate import (NeighborListOverflowError, make_trajectory, proc
 from chemtrain.trainers.difftre import Difftre, DifftreParallel
 from chemtrain.trainers.services import TrainingError
 from chemtrain.units import kT as thermal_energy
-from difftre_systems import analytic_rdf, bonded_pair, pair_system, update_recorder
+from difftre_systems import analytic_rdf, bonded_pair, pair_rdf
 
 N, DENSITY, SIGMA, EPSILON, MASS, R_CUT = 128, 21.0, 0.34, 0.99, 39.95, 0.9
 BOX = (N / DENSITY) ** (1 / 3)
@@ -161,38 +161,45 @@ def test_lj_sigma_and_epsilon_from_rdf_and_pressure(lj, tmp_path):
 
 
 # -- two particles with a harmonic bond (upstream chemtrain's test) --------------
-def test_harmonic_bond_from_analytic_rdf(tmp_path):
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_upstream_two_particle_test_at_its_settings(tmp_path, seed):
+    """Upstream chemtrain's own DiffTRe test (tests/test_trainers/test_difftre.py)
+    as upstream writes it: jax-md's simple_spring_bond energy, box 1 nm, kT
+    2.56, Langevin dt 0.01 with gamma 0.5 and mass=10 in the simulator
+    partial, process_printouts(0.01, 1100, 100, 1.0), 2 chains, vmap_batch 2,
+    reweight_ratio 0.99, its optimizer for 300 updates, and its 0.5 nm
+    neighbor list for an RDF to 1 nm (the RDF of two particles is then
+    computed from all pairs). Upstream's bar: RDF MSE against the analytic
+    RDF below 2e-3, here at the end and over the last 10 updates, in three
+    seeds. (The loss's exact minimum lies at r_0 = 0.3553, not 0.35: the
+    analytic target is an unsmoothed infinite-box g(r), the prediction a
+    smoothed minimum-image one.)"""
+    from jax_md import energy
     box = 1.0
-    displacement, shift, template, rdf_params, r = pair_system(box)
+    displacement, shift = space.periodic_general(box)
+    bins = quantity.rdf_discretization(1.0, 50, 0.0)
+    r = np.asarray(bins.bin_centers)
+
+    def template(p):
+        return energy.simple_spring_bond(displacement, jnp.asarray([[0, 1]]), length=p["r_0"],
+                                         epsilon=100 * p["scaled_b"], alpha=2.0)
     optimizer = optax.chain(optax.scale_by_rms(0.9),
                             optax.scale_by_schedule(optax.exponential_decay(-0.05, 300, 0.1)))
     trainer = Difftre({"r_0": jnp.asarray(0.3), "scaled_b": jnp.asarray(1.5)}, optimizer,
-                      reweight_ratio=0.99, progress=False, checkpoint_path=str(tmp_path))
+                      reweight_ratio=0.99, progress=False, checkpoint_path=str(tmp_path),
+                      key=jax.random.PRNGKey(seed))
+    r_init = np.array([[0.0, 0.0, 0.0], [0.11, 0.09, 0.12]])
     trainer.add_statepoint(
-        template, functools.partial(simulate.nvt_langevin, shift_fn=shift, dt=0.01, kT=2.56, gamma=0.5),
-        partition.neighbor_list(displacement, box, 0.9, format=partition.NeighborListFormat.Dense),
-        process_printouts(0.01, 1100.0, 100.0, 1.0), {"kT": 2.56, "mass": 10.0},
-        {"rdf": quantity.rdf(displacement, rdf_params, box=box)},
-        jnp.asarray([[0.0, 0.0, 0.0], [0.11, 0.09, 0.12]]),
-        targets={"rdf": {"target": analytic_rdf(r), "gamma": 1.0}})
+        template, functools.partial(simulate.nvt_langevin, shift_fn=shift, dt=0.01, kT=2.56,
+                                    gamma=0.5, mass=10.0),
+        partition.neighbor_list(displacement, box, 0.5), process_printouts(0.01, 1100, 100, 1.0),
+        {"kT": 2.56}, {"rdf": pair_rdf(displacement, bins, box)}, np.stack([r_init, r_init]),
+        targets={"rdf": {"target": analytic_rdf(r), "gamma": 1.0}}, vmap_batch=2)
     trainer.train(300)
     errors = [np.mean((np.asarray(e["statepoints"][0]["predictions"]["rdf"]) - analytic_rdf(r)) ** 2)
               for e in trainer.history[-10:]]
-    assert np.mean(errors) < 2e-3, errors
-
-
-def test_list_shorter_than_the_rdf_range_stops_before_the_first_update(tmp_path):
-    """Upstream's test builds a 0.5 nm list for an RDF to 1 nm; the bond
-    stretches past 0.5 nm. Those pairs must not vanish silently."""
-    displacement = pair_system(1.0)[0]
-    records, on_update = update_recorder()
-    short = partition.neighbor_list(displacement, 1.0, 0.5, format=partition.Dense)
-    with pytest.raises(ValueError, match=r"RDF counts pairs up to 0\.866025 nm, but the neighbor "
-                                         r"list's cutoff is 0\.5 nm"):
-        trainer = bonded_pair(1, neighbor_fn=short, on_update=on_update)
-        trainer.initialize_trajstates()
-        trainer.train(1)
-    assert records == []
+    assert errors[-1] < 2e-3 and np.mean(errors) < 2e-3, errors
+    assert abs(float(trainer.params["r_0"]) / 0.3553 - 1) < 0.03, trainer.params
 
 
 # -- resume, failures and bad input on a cheap system: two bonded particles ---------

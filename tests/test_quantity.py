@@ -103,6 +103,35 @@ def test_rdf_matches_ase_histogram(lj):
         np.testing.assert_allclose(ours, ref, atol=2e-3)
 
 
+def test_rdf_beyond_half_the_box_counts_every_image(lj):
+    """periodic_images='all': g(r) up to 1.2 nm in the 1.827 nm box equals
+    ASE's histogram of a 2 x 2 x 2 supercell (which sees every image), where
+    the minimum-image RDF would miss pairs beyond half the box."""
+    from ase.geometry.rdf import get_rdf
+    displacement, _, _, R, P, nbrs = lj
+    r_max = 1.2
+    params = quantity.rdf_discretization(r_max, nbins=60)
+    rdf_fn = jax.jit(lambda s, nb: quantity.rdf(displacement, params, BOX,
+                                                periodic_images="all")(s, neighbor=nb))
+    nearest = jax.jit(lambda s, nb: quantity.rdf(displacement, params, BOX,
+                                                 periodic_images="nearest")(s))
+    centers, edges = np.asarray(params.bin_centers), np.asarray(params.bin_edges)
+    shells = 4 / 3 * np.pi * (edges[1:] ** 3 - edges[:-1] ** 3)
+    state = _state(R[0], P[0])
+    ours = np.asarray(rdf_fn(state, nbrs.update(state.position)))
+    n_fine = 60_000
+    g_fine, r_fine = get_rdf(_ase_atoms(R[0]).repeat(2), r_max, n_fine)
+    e_fine = np.linspace(0.0, r_max, n_fine + 1)
+    fine_shells = 4 / 3 * np.pi * (e_fine[1:] ** 3 - e_fine[:-1] ** 3)
+    kernel = np.exp(-0.5 * ((r_fine[:, None] - centers[None]) / params.sigma) ** 2) \
+        / (np.sqrt(2 * np.pi) * params.sigma)
+    ref = ((g_fine * fine_shells) @ kernel) * np.diff(edges) / shells
+    far = centers > 1.0
+    assert ref[far].mean() > 0.8                    # a liquid: g -> 1 at long range
+    np.testing.assert_allclose(ours, ref, atol=3e-3)
+    assert np.asarray(nearest(state, None))[far].mean() < 0.5 * ref[far].mean()
+
+
 def test_rdf_same_from_dense_sparse_and_ordered_lists(lj):
     displacement, _, _, R, P, _ = lj
     params = quantity.rdf_discretization(0.8, nbins=40)
@@ -166,8 +195,10 @@ def test_density_temperature_kinetic_energy(lj):
         quantity.density()(state)
     with pytest.raises(ValueError, match="energy_fn"):
         quantity.pressure(BOX)(state, neighbor=None)
-    with pytest.raises(ValueError, match="neighbor"):
-        quantity.rdf(space.periodic(BOX)[0], quantity.rdf_discretization(0.8, 10), BOX)(state)
+    # without a neighbor list a small system's RDF comes from all pairs: the same values
+    rdf = quantity.rdf(lj[0], quantity.rdf_discretization(0.8, 10), BOX)
+    np.testing.assert_allclose(np.asarray(rdf(state)),
+                               np.asarray(rdf(state, neighbor=lj[5].update(R[0]))), rtol=1e-10)
 
 
 @pytest.mark.parametrize("model", ["lj", "mlp"])
@@ -245,36 +276,55 @@ def test_npt_snapshots_use_their_own_box(lj):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-12)
 
 
-def test_a_list_shorter_than_the_quantity_range_is_refused(lj):
-    """Pairs beyond the neighbor list's cutoff would vanish from g(r) and the
-    ADF without a word: a list known to be shorter is refused, naming both
-    numbers, whether it comes from jax-md or from chemtrain.neighbors."""
+def test_a_list_shorter_than_the_quantity_range_is_refused_or_completed(lj, monkeypatch):
+    """Pairs beyond the neighbor list's cutoff never vanish from g(r) or the
+    ADF without a word: a small system's RDF is computed from all pairs
+    (the same values as with a long list), a larger one and the ADF are
+    refused naming both numbers, whether the list comes from jax-md or from
+    chemtrain.neighbors."""
     from chemtrain.neighbors import neighbor_list
+    from chemtrain.quantity import structure
     displacement, _, _, R, P, _ = lj
     state = _state(R[0], P[0])
     rdf = quantity.rdf(displacement, quantity.rdf_discretization(0.8, 40), BOX)
     adf = quantity.adf(displacement, quantity.adf_discretization(r_outer=0.6, nbins=20), BOX)
+    full = rdf(state, neighbor=partition.neighbor_list(displacement, BOX, 0.85, format=partition.Dense)
+               .allocate(state.position))
     for short in (partition.neighbor_list(displacement, BOX, 0.5, format=partition.Dense),
                   neighbor_list(displacement, BOX, 0.5, format="dense")):
         nb = short.allocate(state.position)
-        with pytest.raises(ValueError, match=r"RDF counts pairs up to 0\.8 nm, but the neighbor "
-                                             r"list's cutoff is 0\.5 nm.*rdf_cut"):
-            jax.jit(lambda s, nb: rdf(s, neighbor=nb))(state, nb)
+        np.testing.assert_allclose(jax.jit(lambda s, nb: rdf(s, neighbor=nb))(state, nb), full,
+                                   rtol=1e-10, atol=1e-12)   # 128 particles: all pairs
+        with monkeypatch.context() as m:
+            m.setattr(structure, "DENSE_PAIR_LIMIT", 100)   # as if the system were large
+            with pytest.raises(ValueError, match=r"RDF counts pairs up to 0\.8 nm, but the "
+                                                 r"neighbor list's cutoff is 0\.5 nm.*rdf_cut"):
+                jax.jit(lambda s, nb: rdf(s, neighbor=nb))(state, nb)
         with pytest.raises(ValueError, match=r"ADF counts pairs up to 0\.6 nm.*cutoff is 0\.5 nm"
                                              r".*r_outer"):
             adf(state, neighbor=nb)
-    # (long enough lists pass: the tests above use them)
-    # in a small fixed box the farthest minimum image bounds what the list must reach:
-    # 2 particles, box 1 nm, RDF to 1 nm, list 0.9 nm >= sqrt(3)/2 nm
+    # a jax-md list's skin guards moving particles only: what it surely holds is r_cutoff
+    skinned = partition.neighbor_list(displacement, BOX, 0.75, dr_threshold=0.1,
+                                      format=partition.Dense).allocate(state.position)
+    with monkeypatch.context() as m:
+        m.setattr(structure, "DENSE_PAIR_LIMIT", 100)
+        with pytest.raises(ValueError, match=r"cutoff is 0\.75 nm"):
+            rdf(state, neighbor=skinned)
+    # an RDF range beyond half the box: say which images count. Two particles,
+    # box 1 nm, RDF to 1 nm; 'nearest' (upstream's g(r)) needs the farthest
+    # minimum image, sqrt(3)/2 nm, and a 0.5 nm list is completed from all pairs
     disp1, _ = space.periodic(1.0)
     two = _state(np.array([[0.0, 0.0, 0.0], [0.5, 0.5, 0.45]]), np.zeros((2, 3)))
     two = two.set(mass=jnp.ones((2, 1)))
-    rdf1 = quantity.rdf(disp1, quantity.rdf_discretization(1.0, 50), 1.0)
-    nb = partition.neighbor_list(disp1, 1.0, 0.9, format=partition.Dense).allocate(two.position)
-    assert float(jnp.sum(jax.jit(lambda s, nb: rdf1(s, neighbor=nb))(two, nb))) > 0
-    nb = partition.neighbor_list(disp1, 1.0, 0.5, format=partition.Dense).allocate(two.position)
-    with pytest.raises(ValueError, match=r"up to 0\.866025 nm.*cutoff is 0\.5 nm"):
-        rdf1(two, neighbor=nb)
+    bins = quantity.rdf_discretization(1.0, 50)
+    nb9 = partition.neighbor_list(disp1, 1.0, 0.9, format=partition.Dense).allocate(two.position)
+    with pytest.raises(ValueError, match=r"range \(1 nm\) exceeds half the box.*periodic_images"):
+        quantity.rdf(disp1, bins, 1.0)(two, neighbor=nb9)
+    rdf1 = quantity.rdf(disp1, bins, 1.0, periodic_images="nearest")
+    g = jax.jit(lambda s, nb: rdf1(s, neighbor=nb))(two, nb9)
+    assert float(jnp.sum(g)) > 0
+    nb5 = partition.neighbor_list(disp1, 1.0, 0.5, format=partition.Dense).allocate(two.position)
+    np.testing.assert_allclose(rdf1(two, neighbor=nb5), g, rtol=1e-12)
     # in two dimensions the farthest image is sqrt(2)/2 nm: a 0.75 nm list suffices
     flat = simulate.NVTLangevinState(jnp.array([[0.0, 0.0], [0.5, 0.45]]), jnp.zeros((2, 2)),
                                      jnp.zeros((2, 2)), jnp.ones((2, 1)), jax.random.PRNGKey(0))

@@ -1,10 +1,14 @@
-"""Structural per-snapshot quantities from the neighbor list: the radial
-distribution function (RDF) and the angular distribution function (ADF).
+"""Structural per-snapshot quantities: the radial distribution function
+(RDF) and the angular distribution function (ADF).
 
 Both are Gaussian-smoothed histograms, so they are smooth functions of the
-positions and their ensemble averages can be reweighted. Only pairs in the
-neighbor list are seen: the list's cutoff must reach the largest distance
-the quantity uses (``r_cut`` of the RDF, ``r_outer`` of the ADF).
+positions and their ensemble averages can be reweighted. Pairs come from the
+neighbor list, whose cutoff must reach the largest distance the quantity
+uses (``r_cut`` of the RDF, ``r_outer`` of the ADF); neither ever drops a
+pair silently: the RDF of a small system is computed from all pairs when the
+list is too short, and otherwise a list known to be too short is refused.
+A range beyond half the box, where periodic images matter, must be asked for
+explicitly (RDF) or is refused (ADF).
 """
 from __future__ import annotations
 
@@ -120,8 +124,72 @@ def _as_params(params, cls, n):
                     f"got {type(params).__name__}.")
 
 
-def rdf(displacement_fn, rdf_params, box=None, r_cut: float | None = None):
-    """Radial distribution function g(r) of one snapshot, from its neighbor list.
+#: most pair distances (pairs x periodic images) per snapshot that the RDF
+#: computes from all pairs instead of a neighbor list (small systems)
+DENSE_PAIR_LIMIT = 2_000_000
+_IMAGES = ("nearest", "all")
+
+
+def _fixed_sides(box, dim: int):
+    """Side lengths of a fixed orthorhombic ``box`` (scalar or ``dim``
+    sides), None when the box is unknown, traced or general."""
+    if box is None:
+        return None
+    try:
+        sides = np.asarray(box, dtype=float)
+    except (TypeError, jax.errors.TracerArrayConversionError):
+        return None
+    if sides.ndim > 1:
+        diag = np.diag(np.diag(sides)) if sides.shape == (dim, dim) else None
+        if diag is None or not np.allclose(sides, diag):
+            return None
+        sides = np.diag(sides)
+    return np.broadcast_to(sides, (dim,)).astype(float)
+
+
+def _is_periodic(displacement_fn, sides, dim: int, **kwargs) -> bool:
+    """Whether ``displacement_fn`` wraps across the box (a particle and its
+    image one box length away coincide), for real or fractional
+    coordinates; probed on host values at trace time."""
+    with jax.ensure_compile_time_eval():
+        zero = jnp.zeros(dim)
+        for step in (float(sides[0]), 1.0):
+            d = displacement_fn(zero, zero.at[0].set(step), **kwargs)
+            if float(jnp.sum(jnp.asarray(d) ** 2)) < 1e-12 * float(sides[0]) ** 2:
+                return True
+    return False
+
+
+def _image_shifts(sides, r_cut: float) -> np.ndarray:
+    """Lattice vectors n * L of every periodic image that can hold a pair
+    closer than ``r_cut`` to a minimum-image distance (|component| <= L/2)."""
+    k = [int(math.ceil(r_cut / side + 0.5)) - 1 for side in sides]   # |n| L - L/2 < r_cut
+    grid = np.meshgrid(*[np.arange(-m, m + 1) for m in k], indexing="ij")
+    return np.stack([g.reshape(-1) for g in grid], -1) * np.asarray(sides)[None, :]
+
+
+def _all_pair_distances(R, displacement_fn, dkw, shifts):
+    """Distances of every ordered pair (i, j), i != j, and, with ``shifts``
+    (lattice vectors, the zero vector among them), of every periodic image
+    of every pair and of every particle's own images: (distances, use)."""
+    n = R.shape[0]
+    dR = jax.vmap(lambda a: jax.vmap(lambda b: displacement_fn(a, b, **dkw))(R))(R)
+    self_pair = jnp.eye(n, dtype=bool)
+    if shifts is None:
+        d2, use = jnp.sum(dR * dR, axis=-1), ~self_pair
+    else:
+        shifts = jnp.asarray(shifts, R.dtype)
+        dR = dR[:, :, None, :] + shifts[None, None, :, :]
+        d2 = jnp.sum(dR * dR, axis=-1)
+        zero = jnp.all(shifts == 0, axis=-1)
+        use = ~(self_pair[:, :, None] & zero[None, None, :])
+    r = jnp.sqrt(jnp.where(use, d2, 1.0))
+    return r.reshape(-1), use.reshape(-1)
+
+
+def rdf(displacement_fn, rdf_params, box=None, r_cut: float | None = None,
+        periodic_images: str | None = None):
+    """Radial distribution function g(r) of one snapshot.
 
     Every ordered pair (i, j), i != j, at distance ``r < r_cut`` (default:
     the last bin edge) adds a normalised Gaussian of width ``sigma`` centred
@@ -131,40 +199,86 @@ def rdf(displacement_fn, rdf_params, box=None, r_cut: float | None = None):
 
     i.e. the smoothed pair count relative to an ideal gas of the same density
     (the normalisation of ASE's ``get_rdf`` and upstream chemtrain). ``box``:
-    the fixed simulation box (NVT); NPT snapshots use their own box. The
-    neighbor list's cutoff must be at least ``r_cut`` (or, in a fixed
-    orthorhombic box, the largest minimum-image distance, if smaller): a
-    list whose cutoff is known to be shorter is refused with a ValueError
-    at the first evaluation.
+    the fixed simulation box (NVT); NPT snapshots use their own box.
+
+    Pairs come from the neighbor list, whose cutoff must reach ``r_cut`` (or,
+    in a fixed orthorhombic box, the largest minimum-image distance, if
+    smaller). When the list's cutoff is known to be shorter, or no list is
+    given, small systems (at most ``DENSE_PAIR_LIMIT`` pair distances) are
+    computed from all pairs instead, as upstream chemtrain does; larger ones
+    are refused with a ValueError naming both distances.
+
+    An RDF range beyond half the (fixed, orthorhombic, periodic) box meets
+    pairs that several periodic images bring within ``r_cut``; say which
+    g(r) is meant, or a ValueError says so at the first evaluation:
+    ``periodic_images='all'`` counts every image (the RDF of the infinite
+    periodic system; from all pairs, small systems only),
+    ``periodic_images='nearest'`` counts each pair once at its
+    minimum-image distance (upstream chemtrain's RDF, which misses the other
+    images beyond half the box).
     """
     p = _as_params(rdf_params, RDFParams, 3)
     centers, edges = np.asarray(p.bin_centers), np.asarray(p.bin_edges)
     if edges.shape != (centers.shape[0] + 1,):
         raise ValueError(f"rdf needs one more bin edge than bin centers, got {edges.shape[0]} "
                          f"edges for {centers.shape[0]} centers.")
+    if periodic_images not in (None, *_IMAGES):
+        raise ValueError(f"periodic_images must be None, 'nearest' or 'all', got "
+                         f"{periodic_images!r}.")
     sigma = float(p.sigma)
     r_cut = float(edges[-1]) if r_cut is None else float(r_cut)
     widths = np.diff(edges)
+    fix_range = f"lower the RDF's range (rdf_discretization(rdf_cut=..., now {r_cut:g}))"
 
     def fn(state, neighbor=None, energy_fn=None, **kwargs):
-        if neighbor is None:
-            raise ValueError("rdf is computed from the neighbor list: call it as "
-                             "fn(state, neighbor=nbrs).")
         R = state.position
         n, dim = R.shape
-        check_list_reach(neighbor, min(r_cut, _farthest_image(box, dim)), "The RDF",
-                         f"lower the RDF's range (rdf_discretization(rdf_cut=..., now {r_cut:g}))")
+        dkw = box_kwargs(state)
+        sides = None if dkw else _fixed_sides(box, dim)
+        if sides is not None and not _is_periodic(displacement_fn, sides, dim):
+            sides = None   # free space: no images
+        shifts = None
+        if sides is not None and r_cut > sides.min() / 2 + 1e-12:
+            if periodic_images is None:
+                raise ValueError(
+                    f"The RDF's range ({r_cut:g} nm) exceeds half the box ({sides.min():g} nm "
+                    f"wide): beyond {sides.min() / 2:g} nm several periodic images of a pair "
+                    f"lie within the range. Say which g(r) you want: "
+                    f"quantity.rdf(..., periodic_images='all') counts every image (the RDF of "
+                    f"the periodic system), periodic_images='nearest' counts each pair once at "
+                    f"its minimum-image distance (upstream chemtrain's RDF). Or {fix_range}.")
+            if periodic_images == "all":
+                shifts = _image_shifts(sides, r_cut)
+        needed = min(r_cut, _farthest_image(None if sides is None else sides, dim))
+        cutoff = None if neighbor is None else list_cutoff(neighbor)
+        short = neighbor is None or (cutoff is not None and cutoff < needed - 1e-9)
         vol = volume(snapshot_box(state, box, kwargs), dim)
         shell = (math.pi ** (dim / 2) / math.gamma(dim / 2 + 1)) * (edges[1:] ** dim
                                                                      - edges[:-1] ** dim)
-        i, j, weight = neighbor_pairs(neighbor, n)
-        real = (i < n) & (j < n)
-        dkw = box_kwargs(state)
-        dR = jax.vmap(lambda a, b: displacement_fn(a, b, **dkw))(
-            R[jnp.minimum(i, n - 1)], R[jnp.minimum(j, n - 1)])
-        r = jnp.sqrt(jnp.where(real, jnp.sum(dR * dR, axis=-1), 1.0))
-        use = real & (r < r_cut)
-        counts = (2.0 * weight) * _smoothed_histogram(r, use, centers, sigma) * widths
+        if shifts is not None or short:
+            count = n * n * (1 if shifts is None else shifts.shape[0])
+            if count > DENSE_PAIR_LIMIT:
+                if shifts is not None:
+                    raise ValueError(
+                        f"periodic_images='all' computes the RDF from every pair and image: "
+                        f"{count} distances per snapshot, more than this RDF computes "
+                        f"(chemtrain.quantity.structure.DENSE_PAIR_LIMIT = {DENSE_PAIR_LIMIT}). "
+                        f"Use a box at least {2 * r_cut:g} nm wide, or {fix_range}.")
+                if neighbor is None:
+                    raise ValueError("rdf of a large system is computed from the neighbor list: "
+                                     "call it as fn(state, neighbor=nbrs).")
+                check_list_reach(neighbor, needed, "The RDF", fix_range)
+            r, use = _all_pair_distances(R, displacement_fn, dkw, shifts)
+            factor = 1.0
+        else:
+            i, j, weight = neighbor_pairs(neighbor, n)
+            real = (i < n) & (j < n)
+            dR = jax.vmap(lambda a, b: displacement_fn(a, b, **dkw))(
+                R[jnp.minimum(i, n - 1)], R[jnp.minimum(j, n - 1)])
+            r = jnp.sqrt(jnp.where(real, jnp.sum(dR * dR, axis=-1), 1.0))
+            use, factor = real, 2.0 * weight
+        use = use & (r < r_cut)
+        counts = factor * _smoothed_histogram(r, use, centers, sigma) * widths
         return counts * vol / (n * n * shell)
     return fn
 
@@ -217,8 +331,17 @@ def adf(displacement_fn, adf_params, box=None, max_neighbors: int | None = None)
         check_list_reach(neighbor, r_outer, "The ADF",
                          "lower the ADF's r_outer (adf_discretization(r_outer=...))")
         R = state.position
-        n = R.shape[0]
+        n, dim = R.shape
         dkw = box_kwargs(state)
+        sides = None if dkw else _fixed_sides(box, dim)
+        if (sides is not None and r_outer > sides.min() / 2 + 1e-12
+                and _is_periodic(displacement_fn, sides, dim)):
+            raise ValueError(
+                f"The ADF's r_outer ({r_outer:g} nm) exceeds half the box ({sides.min():g} nm "
+                f"wide): a neighbor list holds one periodic image of each pair, so triplets "
+                f"with other images within r_outer would be missing. Lower r_outer "
+                f"(adf_discretization(r_outer=...)) to at most {sides.min() / 2:g} nm or use a "
+                f"larger box.")
         disp = jax.vmap(lambda a, b: displacement_fn(a, b, **dkw))
 
         def within(i, j):
@@ -239,4 +362,7 @@ def adf(displacement_fn, adf_params, box=None, max_neighbors: int | None = None)
         n_triplets = jnp.sum(pair)
         result = hist / jnp.maximum(n_triplets, 1)
         return jnp.where(too_many, jnp.nan, result)
+    fn.nan_reason = (f"the ADF is NaN when a particle has more than max_neighbors="
+                     f"{max_neighbors} neighbors within r_outer={r_outer:g} nm: raise "
+                     f"max_neighbors" if max_neighbors is not None else None)
     return fn

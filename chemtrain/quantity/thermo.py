@@ -78,6 +78,30 @@ def pressure(box=None, include_kinetic: bool = True):
         dU = jax.grad(U)(jnp.zeros((), R.dtype))
         kinetic = 2.0 * _kinetic(state) if include_kinetic else 0.0
         return (kinetic - dU) / (dim * vol)
+
+    def preflight(state, neighbor=None, energy_fn=None, where="pressure", **kwargs):
+        """Refuse an energy function that ignores ``perturbation``: its strain
+        derivative is exactly zero while its forces are not, and the pressure
+        would be the kinetic part alone."""
+        R, ekw = state.position, energy_kwargs(state, kwargs)
+        try:
+            dU, F = jax.jit(lambda r: (
+                jax.grad(lambda e: energy_fn(r, neighbor=neighbor, perturbation=1.0 + e, **ekw))(
+                    jnp.zeros((), r.dtype)),
+                jax.grad(lambda x: energy_fn(x, neighbor=neighbor, **ekw))(r)))(R)
+        except TypeError as e:
+            raise ValueError(f"{where}: the pressure calls the energy function with "
+                             f"perturbation=..., which it does not accept ({e}). Give it "
+                             f"**kwargs and pass perturbation on to the displacement function, "
+                             f"as chemtrain's pair templates do.") from None
+        if float(dU) == 0.0 and bool(jnp.any(F != 0)):
+            raise ValueError(
+                f"{where}: the energy function ignores jax-md's perturbation= (its strain "
+                f"derivative is exactly 0 while the forces are not), so the pressure would be "
+                f"the kinetic part alone. Pass perturbation on to the displacement function "
+                f"(displacement_fn(Ra, Rb, perturbation=...)), as chemtrain's pair templates "
+                f"and jax-md's smap energies do.")
+    fn.preflight = preflight
     return fn
 
 
