@@ -151,6 +151,14 @@ class ChemtrainCalculator(Calculator):
         if pbc.all() and atoms.get_volume() < 1e-9:
             raise ValueError(f"These atoms are periodic (pbc {pbc.tolist()}) but their cell has no "
                              f"volume ({atoms.cell.array.tolist()}); set a cell with atoms.set_cell.")
+        positions = atoms.get_positions()
+        if not np.all(np.isfinite(positions)):
+            bad = np.nonzero(~np.all(np.isfinite(positions), axis=1))[0]
+            raise ValueError(f"Atom(s) {bad[:10].tolist()} have non-finite positions "
+                             f"({positions[bad[0]].tolist()}); an energy of such a structure "
+                             f"means nothing. Check the structure (or the dynamics that made it).")
+        if pbc.any() and not np.all(np.isfinite(atoms.cell.array)):
+            raise ValueError(f"The cell has non-finite entries ({atoms.cell.array.tolist()}).")
         self.model.check(atoms)
         i, j, S = host_neighbors(atoms, self.model.cutoff)
         edges = self._padded(self.model.pack(i, j, S, len(atoms)))

@@ -227,11 +227,19 @@ def unflatten_like(template, leaves: list[np.ndarray], paths: list[str], name: s
     """Rebuild ``template``'s pytree from saved ``leaves``, checking each one."""
     import jax
     expected = _leaves_with_paths(template)
-    if [p for p, _ in expected] != list(paths):
+    mine = [p for p, _ in expected]
+    if mine != list(paths):
+        only_file = [p for p in paths if p not in mine]
+        only_run = [p for p in mine if p not in paths]
+        def show(ps):
+            return ", ".join(ps[:4]) + (f" ... ({len(ps)} in all)" if len(ps) > 4 else "")
+        detail = (f"only in the checkpoint: {show(only_file) or 'none'}; only in this run: "
+                  f"{show(only_run) or 'none'}" if only_file or only_run else
+                  "the same leaves in another order")
         raise CheckpointError(
             f"The checkpoint's {name} has another structure than this run's "
-            f"({len(paths)} leaves vs {len(expected)}); was it written for another "
-            f"model or optimizer?")
+            f"({len(paths)} leaves vs {len(mine)}; {detail}); was it written for another "
+            f"model or optimizer, or were parameters renamed?")
     for (p, ref), v in zip(expected, leaves):
         if ref.shape != v.shape or ref.dtype != v.dtype:
             raise CheckpointError(f"{name}{p}: checkpoint has {v.dtype}{list(v.shape)}, "

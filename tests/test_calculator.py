@@ -191,6 +191,17 @@ def test_template_calculator_refuses_what_it_cannot_do():
         ChemtrainCalculator(free_template, LJ, 0.85, neighbor_format="csr")
     with pytest.raises(ValueError, match="growth must be > 1"):
         ChemtrainCalculator(free_template, LJ, 0.85, growth=1.0)
+    # a NaN position gives no energy (it gave a finite energy and NaN forces)
+    broken = argon()
+    positions = broken.get_positions()
+    positions[3, 1] = np.nan
+    broken.set_positions(positions)
+    disp, _ = space.periodic_general(jnp.asarray(broken.cell.array.T * 0.1),
+                                     fractional_coordinates=False)
+    periodic = ChemtrainCalculator(lennard_jones_template(disp, 0.85, 0.765), LJ, 0.85,
+                                   dtype="float64")
+    with pytest.raises(ValueError, match=r"Atom\(s\) \[3\] have non-finite positions"):
+        results(broken, periodic)
 
 
 # ------------------------------------------------------------- bad input

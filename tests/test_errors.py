@@ -143,6 +143,28 @@ def test_non_finite_loss_mid_epoch_keeps_applied_steps(tmp_path):
     assert (tmp_path / "error_state.npz").exists()
 
 
+def test_jax_md_energy_with_nan_parameter_gradient_is_named(tmp_path):
+    """jax-md's own neighbor-list LJ gives NaN parameter gradients on a list
+    with padding: the step is not applied, and the error says why."""
+    from jax_md import energy
+    from problems import lj_fluid, neighbor_list
+    data, box, _ = lj_fluid(n_frames=8)
+    disp, nbrs = neighbor_list(box, data["R"][0], r_cut=0.5)   # a list with padding
+
+    def template(p):
+        return energy.lennard_jones_neighbor_list(disp, box, sigma=p["sigma"],
+                                                  epsilon=p["epsilon"], r_cutoff=0.5)[1]
+    params = {"sigma": jnp.asarray(0.33), "epsilon": jnp.asarray(1.0)}
+    tr = ForceMatching(params, optax.sgd(1e-6), template, nbrs, batch=4, parallelism="single",
+                       progress=False, checkpoint_path=str(tmp_path))
+    tr.set_datasets(data, train_ratio=1.0, val_ratio=0.0)
+    with pytest.raises(TrainingError, match=r"gradient finite: False.*Likely cause: The energy's "
+                                            r"gradient .* NaN on a neighbor list with padding.*"
+                                            r"lennard_jones_template"):
+        tr.train(1)
+    assert tr.step == 0 and float(tr.params["sigma"]) == 0.33
+
+
 def test_import_is_light():
     code = ("import sys, chemtrain, chemtrain.trainers, chemtrain.parallel\n"
             "from jax._src import xla_bridge\n"

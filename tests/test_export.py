@@ -117,6 +117,12 @@ def test_unsupported_configuration_is_refused(models, tmp_path):
         cm.export_mace_torch(cfg, {**params, "embedding": params["embedding"][:2]},
                              str(tmp_path / "c.model"))
     assert not any(tmp_path.iterdir())   # nothing written
+    # an existing file is not written over
+    taken = tmp_path / "taken.model"
+    taken.write_bytes(b"the user's file")
+    with pytest.raises(FileExistsError, match="does not write over it.*overwrite=True"):
+        cm.export_mace_torch(cfg, params, str(taken))
+    assert taken.read_bytes() == b"the user's file"
 
 
 def test_missing_mace_torch_is_explained(models, tmp_path):

@@ -161,12 +161,16 @@ def test_training_without_mpi_modules(data_file, tmp_path, parallelism, devices)
 
 
 # -- failures end every process; errors raised together keep their class --------------
-def run_case(case, data_file, tmp_path, n=2, timeout=300, **files):
-    """(return code, output, seconds from the failure to the end of mpirun)."""
+def run_case(case, data_file, tmp_path, n=2, timeout=300, parallelism="mpi", **files):
+    """(return code, output, seconds from the failure to the end of mpirun);
+    upper-case ``files`` keys are environment variables of the ranks."""
     import time
-    extra = [x for k, v in files.items() for x in (f"--{k.replace('_', '-')}", v)]
+    env = {k: v for k, v in files.items() if k.isupper()}
+    extra = [x for k, v in files.items() if not k.isupper()
+             for x in (f"--{k.replace('_', '-')}", v)]
     rc, out, _ = mp.mpirun(n, [os.path.join(mp.HERE, "mp_failures.py"), "--case", case, "--data",
-                               data_file, "--out", str(tmp_path), *extra], timeout=timeout)
+                               data_file, "--out", str(tmp_path), "--parallelism", parallelism,
+                               *extra], timeout=timeout, **env)
     ended = time.time()
     failed = [float(p.read_text()) for p in tmp_path.glob("fail_time_*.txt")]
     return rc, out, ended - min(failed) if failed else None
@@ -222,6 +226,33 @@ def test_restore_checks_ranks_agree_and_reads_on_root(data_file, tmp_path):
         assert first.startswith("ValueError: The processes of this run disagree on the "
                                 "checkpoint to restore"), first
         assert second.startswith("CheckpointNotFoundError") and "missing.npz" in second, second
+
+
+def test_rank_whose_script_ends_does_not_leave_the_others_waiting(data_file, tmp_path):
+    """Process 1 leaves after one epoch (no error: its script just ends);
+    process 0 trains on and would wait forever in its next collective. It
+    is ended, with both ranks named, soon after the grace period."""
+    rc, out, seconds = run_case("early_exit", data_file, tmp_path,
+                                CHEMTRAIN_PEER_EXIT_GRACE_S="3")
+    assert "PROCESS-1-ENDS" in out
+    assert rc != 0 and "FINISHED-NORMALLY 0" not in out, out[-3000:]
+    assert "process(es) [1] of this run ended" in out and "while process 0 is still" in out
+    assert seconds < 60, seconds
+
+
+def test_two_single_runs_under_mpirun_do_not_share_a_checkpoint_folder(data_file, tmp_path):
+    """parallelism='single' under mpirun -np 2: two independent runs started
+    together into one checkpoint folder. The folder is claimed atomically:
+    one run trains and checkpoints, the other is refused before writing."""
+    import glob
+    from chemtrain.trainers.services import read_run_id
+    rc, out, _ = run_case("single_race", data_file, tmp_path, parallelism="single")
+    assert rc == 0, out[-3000:]
+    errs = errors(tmp_path)
+    refused = [e for e in errs if "already holds checkpoints of another run" in e]
+    assert len(refused) == 1 and sum(e == "" for e in errs) == 1, errs
+    runs = {read_run_id(p) for p in glob.glob(str(tmp_path / "ckpt" / "epoch_*.npz"))}
+    assert len(runs) == 1 and None not in runs, runs
 
 
 def test_jax_distributed_failure_ends_both(data_file, tmp_path):

@@ -102,11 +102,12 @@ def test_small_cell_with_jax_md_list_is_refused(tmp_path):
     tri = np.array([[1.0, 0.0, 0.0], [0.9, 0.3, 0.0], [0.0, 0.0, 1.0]]).T   # 0.29 nm between faces
     with pytest.raises(nb.SmallCellError, match=r"widths \[0\.3162 0\.3 +1\. +\] nm"):
         nb.neighbor_list(disp, tri, 0.2)
-    # a plain jax-md list: the trainer refuses the data's cells (its reach 0.45 nm)
+    # a plain jax-md list: the trainer refuses the data's cells (its cutoff 0.4 nm; the
+    # 0.05 nm skin only guards moving particles, so the list surely holds pairs to 0.4 nm)
     nbrs = partition.neighbor_list(disp, np.eye(3) * 0.5, 0.4, dr_threshold=0.05,
                                    format=partition.Sparse, disable_cell_list=True
                                    ).allocate(jnp.asarray(lj_data()["R"][0]))
-    assert nb.list_cutoff(nbrs) == pytest.approx(0.45)
+    assert nb.list_cutoff(nbrs) == pytest.approx(0.4)
     tr = ForceMatching({"sigma": 0.3, "epsilon": 1.0}, optax.sgd(1e-3),
                        lennard_jones_template(disp, 0.4), nbrs, batch=2, parallelism="single",
                        progress=False, checkpoint_path=str(tmp_path))

@@ -235,7 +235,7 @@ def run(argv=None) -> dict:
         results["model_npz"] = model_npz
         if not args.no_torch_export:
             model_torch = os.path.join(out, f"{args.name}.model")
-            mace.export_mace_torch(cfg, trainer.params, model_torch)
+            mace.export_mace_torch(cfg, trainer.params, model_torch, overwrite=True)  # ours
             results["model_torch"] = model_torch
         with open(os.path.join(out, "results.json"), "w") as f:
             json.dump(results, f, indent=1)

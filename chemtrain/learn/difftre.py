@@ -23,6 +23,7 @@ keys derive from the state-point index and the update count only.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Mapping
 
 import jax
@@ -122,6 +123,15 @@ def resolve_observables(targets: Mapping, quantities: Mapping,
         if unknown:
             raise ValueError(f"targets[{name!r}] has unknown keys {sorted(unknown)}; "
                              f"allowed are 'target', 'gamma', 'loss_fn'.")
+        gamma = spec.get("gamma", 1.0)
+        if isinstance(gamma, bool) or not isinstance(gamma, (int, float, np.number)) \
+                or not (math.isfinite(float(gamma)) and float(gamma) >= 0):
+            raise ValueError(f"targets[{name!r}]['gamma'] must be a finite number >= 0 (the "
+                             f"weight of this target's loss), got {gamma!r}. A negative weight "
+                             f"would train away from the target.")
+        if "loss_fn" in spec and not callable(spec["loss_fn"]):
+            raise TypeError(f"targets[{name!r}]['loss_fn'] must be a function (prediction, "
+                            f"target) -> scalar, got {type(spec['loss_fn']).__name__}.")
         if name not in observables:
             if name not in quantities:
                 raise ValueError(
@@ -139,10 +149,20 @@ def statepoint_loss(predictions: Mapping, targets: Mapping, target_values: Mappi
     ``targets`` holds each target's 'gamma' (default 1) and optional
     'loss_fn(prediction, target)' (default :func:`mse`); ``target_values``
     holds this state point's target arrays. Returns (loss, parts)."""
-    parts = {name: spec.get("loss_fn", mse)(predictions[name], target_values[name])
+    parts = {name: _scalar(spec.get("loss_fn", mse)(predictions[name], target_values[name]),
+                           f"targets[{name!r}]['loss_fn']")
              for name, spec in targets.items()}
     loss = sum(spec.get("gamma", 1.0) * parts[name] for name, spec in targets.items())
     return loss, parts
+
+
+def _scalar(value, what: str):
+    """``value`` if it is one number, else a ValueError naming ``what``."""
+    shape = jnp.shape(value)
+    if shape != ():
+        raise ValueError(f"{what} returned an array of shape {shape}; a loss must be one number "
+                         f"(e.g. jnp.mean(...) of the per-element errors).")
+    return value
 
 
 def _map(fn, xs, batch_size):
@@ -255,7 +275,7 @@ def make_statepoint_loss(energy_fn_template: Callable, quantities: Mapping, targ
         if loss_fn is None:
             value, parts = statepoint_loss(predictions, targets, target_values)
         else:
-            value, parts = loss_fn(predictions, target_values), {}
+            value, parts = _scalar(loss_fn(predictions, target_values), "loss_fn"), {}
         aux = {"predictions": predictions, "parts": parts, "weights": weights,
                "n_eff": effective_sample_size(weights), "nbr_overflow": n_overflow}
         return value, aux
@@ -339,6 +359,27 @@ def statepoint_batches(n_statepoints: int, sim_batch_size: int) -> list[list[int
     batches = [list(range(i * sim_batch_size, (i + 1) * sim_batch_size)) for i in range(n_full)]
     batches[-1].extend(range(n_full * sim_batch_size, n_statepoints))
     return batches
+
+
+def as_key(key):
+    """The trainer's base key as raw key data: ``None`` (seed 0), an integer
+    seed, a ``jax.random.PRNGKey`` or a new-style typed key."""
+    if key is None:
+        key = 0
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+        return jnp.asarray(jax.random.PRNGKey(int(key)))
+    try:
+        arr = jnp.asarray(key)
+    except TypeError:
+        arr = None
+    if arr is not None and jnp.issubdtype(arr.dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(arr)  # raw key data: plain numbers in saved states
+    if arr is None or arr.shape != (2,) or arr.dtype != jnp.uint32:
+        raise TypeError(f"key must be an integer seed or a JAX random key "
+                        f"(jax.random.PRNGKey(seed)), got {key!r}"
+                        + ("" if arr is None else f" of shape {arr.shape} and dtype {arr.dtype}")
+                        + ".")
+    return arr
 
 
 def statepoint_key(base_key, statepoint_index: int, update_count: int, chain: int = 0):

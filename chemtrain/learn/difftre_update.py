@@ -147,6 +147,38 @@ def failure(summed: Mapping, batch: Sequence[int], where: str) -> str | None:
             + ". Lower the learning rate or check the targets and the potential.")
 
 
+def finite(result) -> bool:
+    """Whether a state point's loss and gradient (``result`` of
+    :func:`loss_and_grad`, on the host) are finite."""
+    return bool(np.isfinite(float(result["loss"]))) and all(
+        bool(np.all(np.isfinite(np.asarray(g)))) for g in jax.tree.leaves(result["grad"]))
+
+
+def diagnosis(sp, params, trajs, result) -> list[str]:
+    """Likely causes of a non-finite loss or gradient of state point ``sp``
+    (its ``result`` from :func:`loss_and_grad` on ``trajs``), in words:
+    observables that are NaN (with the reason a quantity gives), energies
+    that are not finite, an energy whose parameter gradient is NaN on a
+    padded neighbor list. Host work, run only after a failure."""
+    from ..ensemble import box_kwargs, energy_kwargs
+    from .diagnose import energy_gradient_note, nonfinite_predictions_note
+    aux, notes = result["aux"], []
+    note = nonfinite_predictions_note(aux["predictions"], sp.fns.quantities)
+    if note:
+        notes.append(note)
+    if not np.all(np.isfinite(np.asarray(aux["weights"]))):
+        notes.append("The reweighting weights are not finite: the energy of stored snapshots "
+                     "is not finite at the new parameters.")
+    if not all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(result["grad"])):
+        first = jax.tree.map(lambda x: x[0], trajs[0].snapshots)
+        nbrs = trajs[0].nbrs.update(first.position, **box_kwargs(first))
+        note = energy_gradient_note(sp.fns.energy_fn_template, params, first.position, nbrs,
+                                    **energy_kwargs(first, sp.state_kwargs))
+        if note:
+            notes.append(note)
+    return notes
+
+
 def records(summed: Mapping, batch: Sequence[int], update: int, names: Sequence[str],
             n_snapshots: Sequence[int], targets: Sequence[Mapping]) -> dict:
     """State point -> its record of the update (the history's per-state-point

@@ -240,11 +240,11 @@ def finish_metrics(sums: Mapping, targets) -> dict:
     return out
 
 
-def failed_step_message(nbr_errors: int, loss: float, where: str) -> str:
+def failed_step_message(nbr_errors: int, loss: float, where: str, grad_ok: bool = True) -> str:
     """Why a step was not applied, and what to do about it."""
     if nbr_errors:
         return (f"The neighbor list overflowed (or saw an invalid box) for {nbr_errors} "
                 f"structure(s) in {where}. Allocate nbrs_init on the densest, largest structure "
                 f"with a larger capacity_multiplier.")
-    return (f"The loss is {loss} in {where}. Lower the learning rate or check the data and "
-            f"the energy function.")
+    return (f"The loss is {loss} (gradient finite: {grad_ok}) in {where}. Lower the learning "
+            f"rate or check the data and the energy function.")

@@ -2,8 +2,8 @@
 
 Every shard computes its loss and gradient, the strategy averages the
 gradient over shards, and every shard applies the same optax update to its
-replica. A step whose loss is not finite, or whose neighbor lists failed on
-any shard, leaves parameters and optimizer state unchanged and reports it, so
+replica. A step whose loss or gradient is not finite, or whose neighbor
+lists failed on any shard, leaves parameters and optimizer state unchanged and reports it, so
 the trainer can stop with the last good state.
 """
 from __future__ import annotations
@@ -17,19 +17,21 @@ import optax
 
 def make_update(loss_fn: Callable, optimizer: optax.GradientTransformation, strategy) -> Callable:
     """Return the compiled ``update(params, opt_state, batch) ->
-    (params, opt_state, stats)``; ``stats`` has 'loss', 'parts', 'nbr_errors'
-    and 'ok' (replicated)."""
+    (params, opt_state, stats)``; ``stats`` has 'loss', 'parts', 'nbr_errors',
+    'grad_ok' and 'ok' (replicated)."""
 
     def local_update(params, opt_state, batch):
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(strategy.vary(params), batch)
         grads = strategy.mean_gradient(grads)
         loss, parts = strategy.mean((loss, aux["parts"]))
         nbr_errors = strategy.sum(aux["nbr_errors"])
-        ok = jnp.isfinite(loss) & (nbr_errors == 0)
+        grad_ok = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+        ok = jnp.isfinite(loss) & (nbr_errors == 0) & grad_ok
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
-        stats = {"loss": loss, "parts": parts, "nbr_errors": nbr_errors, "ok": ok}
+        stats = {"loss": loss, "parts": parts, "nbr_errors": nbr_errors, "ok": ok,
+                 "grad_ok": grad_ok}
         return keep(new_params, params), keep(new_opt_state, opt_state), stats
 
     return strategy.compile(local_update, in_sharded=(False, False, True),

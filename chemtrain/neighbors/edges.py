@@ -96,6 +96,12 @@ def edge_vectors(displacement_fn: Callable | None, positions, neighbor, box=None
     rc, sc = jnp.minimum(r, n - 1), jnp.minimum(s, n - 1)
     kw = {k: v for k, v in (("box", box), ("perturbation", perturbation)) if v is not None}
     vec = jax.vmap(lambda a, b: displacement_fn(a, b, **kw))(positions[rc], positions[sc])
+    if vec.shape != rc.shape + positions.shape[-1:]:
+        raise ValueError(
+            f"displacement_fn returned shape {vec.shape[1:]} for one pair of {positions.shape[-1]}-D "
+            f"positions; a displacement function returns the vector between them. Is it a metric "
+            f"(jax-md's space.metric, canonicalize_displacement_or_metric, which return distances)? "
+            f"Pass the displacement, e.g. space.periodic(box)[0].")
     return sc, rc, vec, real
 
 

@@ -106,21 +106,45 @@ class _UpdateWithCutoff:
 
 
 def list_cutoff(nbrs) -> float | None:
-    """The cutoff of a jax-md neighbor list: the one a list from
-    :func:`neighbor_list` carries, else the reach (``r_cutoff +
-    dr_threshold``) that jax-md's own ``neighbor_list`` closes over (jax-md
-    stores it nowhere else), else None (unknown)."""
+    """The distance up to which a jax-md neighbor list holds every pair: the
+    cutoff a list from :func:`neighbor_list` carries, else the ``r_cutoff``
+    of jax-md's own ``neighbor_list`` (its reach ``r_cutoff +
+    dr_threshold`` minus the skin, which guards moving particles only),
+    read from the closure of its update function (jax-md stores it nowhere
+    else), else None (unknown)."""
     update_fn = getattr(nbrs, "update_fn", None)
     if isinstance(update_fn, _UpdateWithCutoff):
         return update_fn.cutoff
-    if update_fn is None:
+    closed = _jax_md_closure(update_fn)
+    value = closed.get("cutoff")
+    if not isinstance(value, (int, float, np.floating)):
         return None
+    skin = 2.0 * float(np.sqrt(np.asarray(closed.get("threshold_sq", 0.0), np.float64)))
+    return float(value) - skin
+
+
+def list_box(nbrs):
+    """The fixed box a jax-md ``neighbor_list`` was built with (jax-md's
+    layout), or None: lists from :func:`neighbor_list` check theirs when
+    built, and fractional or unknown lists give None."""
+    closed = _jax_md_closure(getattr(nbrs, "update_fn", None))
+    if closed.get("fractional_coordinates") or closed.get("box") is None:
+        return None
+    try:
+        return np.asarray(closed["box"], np.float64)
+    except (TypeError, jax.errors.TracerArrayConversionError):
+        return None
+
+
+def _jax_md_closure(update_fn) -> dict:
+    """The variables jax-md's ``neighbor_list`` closes its update over."""
+    if update_fn is None or isinstance(update_fn, _UpdateWithCutoff):
+        return {}
     import inspect
     try:
-        value = inspect.getclosurevars(update_fn).nonlocals.get("cutoff")
+        return dict(inspect.getclosurevars(update_fn).nonlocals)
     except (TypeError, ValueError):
-        return None
-    return float(value) if isinstance(value, (int, float, np.floating)) else None
+        return {}
 
 
 def fixed_neighbor_list(idx, positions, format: str, cutoff: float):

@@ -120,6 +120,11 @@ def format_failure(strategy, exc_type, exc, tb) -> str:
             + "".join(traceback.format_exception(exc_type, exc, tb)))
 
 
+#: (depth, serial) of the failure guards this process is inside: work that
+#: reaches collectives (see :func:`start_mpi_exit_watch`)
+_guards = {"depth": 0, "serial": 0}
+
+
 class AbortOnError:
     """Context manager: an exception raised on this process alone ends every
     process (``strategy.abort``); one raised everywhere propagates."""
@@ -128,14 +133,79 @@ class AbortOnError:
         self.strategy = strategy
 
     def __enter__(self):
+        _guards["depth"] += 1
+        _guards["serial"] += 1
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        _guards["depth"] -= 1
         if (exc is None or self.strategy.process_count == 1 or isinstance(exc, KeyboardInterrupt)
                 or is_raised_everywhere(exc)):
             return False
         self.strategy.abort(format_failure(self.strategy, exc_type, exc, tb))
         return False
+
+
+# -- MPI: a rank whose script ends while others still train ----------------------
+EXIT_TAG = 30517
+_exit_watch: dict[str, Any] = {}
+#: seconds a process may stay inside a trainer method after another process
+#: ended (the last collective of a method may be followed by local work)
+PEER_EXIT_GRACE_S = float(os.environ.get("CHEMTRAIN_PEER_EXIT_GRACE_S", "30"))
+
+
+def start_mpi_exit_watch(strategy, poll_s: float = 0.2) -> None:
+    """Make a rank that ends normally (its script finished, or it left the
+    trainer's methods) unable to leave the others waiting forever.
+
+    At exit each rank tells every other one. A daemon thread on each rank
+    listens; if a peer has ended while this rank is inside a trainer method
+    (a failure guard: work that reaches collectives) and is still inside the
+    same call ``PEER_EXIT_GRACE_S`` later, it can never complete: the thread
+    ends every process with a message naming both ranks."""
+    import atexit
+    if _exit_watch or strategy.process_count == 1:
+        return
+    MPI, comm = strategy._MPI, strategy.comm.Dup()   # a communicator of its own
+    rank, stop, ended = comm.Get_rank(), threading.Event(), {}
+
+    def watch():
+        import time
+        request, stuck = comm.irecv(source=MPI.ANY_SOURCE, tag=EXIT_TAG), None
+        while not stop.is_set():
+            done, peer = request.test()
+            if done:
+                ended[peer] = time.monotonic()
+                request = comm.irecv(source=MPI.ANY_SOURCE, tag=EXIT_TAG)
+                continue
+            if ended and _guards["depth"] > 0:
+                if stuck is None or stuck[0] != _guards["serial"]:
+                    stuck = (_guards["serial"], time.monotonic())
+                elif time.monotonic() - stuck[1] > PEER_EXIT_GRACE_S:
+                    strategy.abort(
+                        f"chemtrain: process(es) {sorted(ended)} of this run ended (their script "
+                        f"finished) while process {rank} is still in a trainer method that needs "
+                        f"them ({PEER_EXIT_GRACE_S:g} s later): it would wait forever. Every "
+                        f"process must call the same trainer methods in the same order (the same "
+                        f"max_epochs, the same train() calls).")
+            else:
+                stuck = None
+            stop.wait(poll_s)
+        request.Cancel()
+        request.Wait()
+
+    thread = threading.Thread(target=watch, name="chemtrain-mpi-exit-watch", daemon=True)
+    thread.start()
+    _exit_watch.update(thread=thread, stop=stop)
+
+    def tell_the_others():   # atexit: before mpi4py finalizes MPI
+        sends = [comm.isend(rank, dest=r, tag=EXIT_TAG) for r in range(comm.Get_size())
+                 if r != rank]
+        MPI.Request.Waitall(sends)
+        stop.set()
+        thread.join(timeout=poll_s + 5)
+
+    atexit.register(tell_the_others)
 
 
 _hook_installed = False

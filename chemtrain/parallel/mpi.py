@@ -62,8 +62,9 @@ class MpiStrategy(Strategy):
         if self.comm.Get_size() > 1:
             self._mpi4jax = _import_mpi4jax()
             self._jax_comm = self.comm.Clone()  # mpi4jax gets its own communicator
-            from .failures import install_excepthook
+            from .failures import install_excepthook, start_mpi_exit_watch
             install_excepthook(self)
+            start_mpi_exit_watch(self)
 
     @property
     def n_shards(self) -> int:

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..ensemble import ENSEMBLE_KEYS, box_kwargs, is_npt
+from .inputs import check_energy, check_time_step, initial_mass, simulator_settings
 
 log = logging.getLogger("chemtrain")
 
@@ -196,8 +197,11 @@ def make_trajectory(simulator_template: Callable, energy_fn_template: Callable, 
 
     ``init_fn(params, key, R0, nbrs=None, **state_kwargs) -> TrajState``
     builds the initial state (no MD yet): ``kT`` is required, ``mass``
-    (default 1) and, for NPT, the initial ``box`` go to the simulator's
-    init, a neighbor list is allocated at ``R0`` unless given.
+    (default: a ``mass`` bound in the simulator partial, else 1) and, for
+    NPT, the initial ``box`` go to the simulator's init, a neighbor list is
+    allocated at ``R0`` unless given. A simulator partial whose ``dt``
+    differs from ``timings.time_step``, or that binds keywords its
+    simulator ignores, is refused (:mod:`chemtrain.simulate.inputs`).
 
     ``run_fn(params, traj_state, key, **state_kwargs) -> TrajState`` runs one
     trajectory (jitted; recompiles only when the neighbor capacity
@@ -210,6 +214,8 @@ def make_trajectory(simulator_template: Callable, energy_fn_template: Callable, 
     if not isinstance(timings, Timings):
         raise TypeError(f"timings must come from chemtrain.simulate.process_printouts(...), got "
                         f"{type(timings).__name__}.")
+    settings = simulator_settings(simulator_template)
+    check_time_step(settings, timings.time_step)
 
     @jax.jit  # compiled once per shapes and neighbor capacity, not per state point
     def _init_state(params, key, R0, nbrs, mass, box_kw, kwargs):
@@ -233,13 +239,20 @@ def make_trajectory(simulator_template: Callable, energy_fn_template: Callable, 
                 raise ValueError("This simulator (NPT) needs the initial box: pass box=... in "
                                  "state_kwargs.")
             box_kw = {"box": jnp.asarray(state_kwargs["box"])}
+        given = nbrs is not None
         if nbrs is None:
             nbrs = neighbor_fn.allocate(R0, **box_kw)
         if bool(nbrs.did_buffer_overflow):
             raise NeighborListOverflowError(
                 "The neighbor list given to init_fn has overflowed; allocate it at R0 "
-                "(neighbor_fn.allocate(R0)) or pass nbrs=None.")
-        mass = state_kwargs.get("mass", 1.0)
+                "(neighbor_fn.allocate(R0)) or pass nbrs=None." if given else
+                f"The neighbor list that neighbor_fn.allocate gives at the reference state "
+                f"overflows at once (capacity {nbrs.max_occupancy}): neighbor_fn allocates too "
+                f"little room. Build it with a larger capacity_multiplier (at least 1), or check "
+                f"the reference positions for overlapping particles.")
+        mass = initial_mass(state_kwargs, settings)
+        check_energy(energy_fn_template, params, R0, nbrs, **box_kw,
+                     **{k: v for k, v in kwargs.items() if k not in ENSEMBLE_KEYS})
         state = _init_state(params, key, R0, nbrs, mass, box_kw, kwargs)
         return TrajState(sim_state=state, nbrs=nbrs, last_valid_position=state.position,
                          overflow=jnp.asarray(False), nonfinite=jnp.asarray(False),

@@ -25,14 +25,15 @@ import optax
 
 from ..learn import difftre as dt
 from ..learn import difftre_update as du
+from ..learn.difftre_checks import check_statepoint
 from ..parallel import agree, make_strategy, raised_everywhere
 from ..simulate.trajectory import NeighborListOverflowError, SimulationError, run_with_restart
 from . import difftre_io
 from .difftre_files import DifftreFiles
-from .services import (CheckpointStore, Reporter, check_consistency, close_epoch,
-                       collective, init_state)
+from .report import Reporter, check_epochs, close_epoch
+from .services import CheckpointStore, check_consistency, collective, init_state
 from .state import DifftreState, HoldsState
-from .statepoint import StatePoint, fingerprint, make_statepoint
+from .statepoint import StatePoint, check_plot_x, fingerprint, make_statepoint
 
 log = logging.getLogger("chemtrain")
 
@@ -72,9 +73,7 @@ class _DifftreCore(HoldsState, DifftreFiles):
                              f"ranks ({ranks}): each update splits its state points over the "
                              f"ranks, so some would have none. Use sim_batch_size >= {ranks}, "
                              f"-1 (all state points in one update), or fewer ranks.")
-        key = jax.random.PRNGKey(0) if key is None else key
-        if jnp.issubdtype(jnp.asarray(key).dtype, jax.dtypes.prng_key):
-            key = jax.random.key_data(key)  # raw key data: plain numbers in saved states
+        key = dt.as_key(key)
         self.key = jnp.asarray(key)
         self.optimizer = optimizer
         self.sim_batch_size = sim_batch_size
@@ -125,6 +124,7 @@ class _DifftreCore(HoldsState, DifftreFiles):
     def _add(self, fns, state_kwargs, reference, targets, target_values, n_snapshots, name=None):
         sp = make_statepoint(len(self.statepoints), fns, state_kwargs, reference, targets,
                              target_values, n_snapshots, name)
+        check_plot_x(self.plot_x, sp)
         self.statepoints.append(sp)
         return sp
 
@@ -220,6 +220,7 @@ class _DifftreCore(HoldsState, DifftreFiles):
                 sp = self.statepoints[i]
                 trajs = [sp.init_fn(self.params, dt.statepoint_key(base, i, 0, c), R0,
                                     **sp.state_kwargs) for c, R0 in enumerate(sp.reference)]
+                self._preflight(sp, trajs)
                 for r in range(num_runs):
                     keys = [dt.statepoint_key(base, i, r + 1, c) for c in range(len(trajs))]
                     trajs = self._run(sp, self.params, trajs, keys)
@@ -238,6 +239,7 @@ class _DifftreCore(HoldsState, DifftreFiles):
         """Train ``max_epochs`` more epochs; every state point is used once per
         epoch. Checkpoint every ``checkpoint_freq`` epochs; write the plot of
         predictions against targets at the end if ``plot_file`` was given."""
+        check_epochs(max_epochs, checkpoint_freq)
         self._check_statepoints("train")
         missing = [i for i in range(self.n_statepoints) if i not in self.trajstates]
         if missing:
@@ -245,7 +247,8 @@ class _DifftreCore(HoldsState, DifftreFiles):
                                f"trainer.initialize_trajstates() (or load_trajstates(path)) "
                                f"before train().")
         if checkpoint_freq:
-            self.store.check_folder()
+            self.store.check_folder(self.epoch)
+        self.reporter.claim(self.store.run_id)
         batches = self.batches()
         epochs = self.reporter.epochs(self.epoch, max_epochs)
         for epoch in epochs:
@@ -304,6 +307,13 @@ class _DifftreCore(HoldsState, DifftreFiles):
         loss, grads = du.batch_loss(summed), du.mean_gradient(summed)
         problem = du.failure(summed, batch, where)
         if problem:
+            if not np.any(summed["nbr_overflow"]):   # non-finite: say why, where known
+                notes = self.strategy.host_allgather_object(
+                    [n for i in local if not du.finite(out[i])
+                     for n in du.diagnosis(self.statepoints[i], params,
+                                           new.get(i, self.trajstates[i]), out[i])])
+                notes = list(dict.fromkeys(n for part in notes for n in part))
+                problem += "".join(f" Likely cause: {n}" for n in notes)
             self._fail(problem, epoch)
         grads = jax.tree.map(lambda g, p: jnp.asarray(g, jnp.asarray(p).dtype), grads, params)
         updates, opt_state = self._opt_update(grads, self.opt_state, params)
@@ -334,6 +344,13 @@ class _DifftreCore(HoldsState, DifftreFiles):
                             "step_size": scale, "statepoints": records})
         return {"loss": loss, "step_size": scale, "statepoints": records}
 
+    def _preflight(self, sp, trajs):
+        """Check state point ``sp`` on its first configuration, once
+        (:func:`chemtrain.learn.difftre_checks.check_statepoint`)."""
+        if sp.index not in sp.fns.checked:
+            check_statepoint(sp, self.params, trajs[0])
+            sp.fns.checked.add(sp.index)
+
     def _local_results(self, local, params):
         """Loss, gradient and N_eff of this process's state points ``local``
         (:func:`chemtrain.learn.difftre_update.loss_and_grad`), recomputing
@@ -342,6 +359,7 @@ class _DifftreCore(HoldsState, DifftreFiles):
         out, new = {}, {}
         for i in local:
             sp, trajs = self.statepoints[i], self.trajstates[i]
+            self._preflight(sp, trajs)   # trajectories loaded from a file
             (loss, aux), grad = du.loss_and_grad(sp, params, trajs, self._fixed(sp, params, trajs))
             n_eff_start = float(aux["n_eff"])
             recompute = dt.needs_recompute(n_eff_start, sp.n_snapshots, self.reweight_ratio)

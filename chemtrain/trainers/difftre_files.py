@@ -22,7 +22,7 @@ class DifftreFiles:
         meta = dict(meta, reweight_ratio=self.reweight_ratio, n_statepoints=self.n_statepoints,
                     sim_batch_size=self.sim_batch_size)
         if with_trajstates and self.trajstates:
-            data, info = difftre_io.trajstates_to_host(self.trajstates)
+            data, info = difftre_io.trajstates_to_host(self.trajstates, self.statepoints)
             trees["trajstates"], meta["trajstates"] = data, info
         return trees, meta
 
@@ -53,12 +53,17 @@ class DifftreFiles:
             self.load_trajstates(path)
 
     @collective
-    def save_trajstates(self, path: str) -> None:
-        """Write the trajectory states (plain-data npz, root process)."""
+    def save_trajstates(self, path: str, overwrite: bool = False) -> None:
+        """Write the trajectory states (plain-data npz, root process). An
+        existing file is replaced only if it holds this run's trajectory
+        states, or with ``overwrite=True``."""
         if not self.trajstates:
             raise RuntimeError("There are no trajectory states to save; call "
                                "initialize_trajstates() first.")
-        data, info = difftre_io.trajstates_to_host(self.trajstates)
+        if not overwrite:
+            on_root(self.strategy, lambda: difftre_io.check_replaceable(path, self.store.run_id),
+                    only_root=True)
+        data, info = difftre_io.trajstates_to_host(self.trajstates, self.statepoints)
         self.store.save(path, {"trajstates": data}, {"trajstates": info, "epoch": self.epoch},
                         kind="trajstates")
 

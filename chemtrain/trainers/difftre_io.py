@@ -12,23 +12,55 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import zlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .. import checkpoint as ckpt
+from .services import check_kind
 
 
-def trajstates_to_host(trajstates: dict) -> tuple[dict, dict]:
-    """(numpy pytree, JSON-able info) of ``{state point: [TrajState per chain]}``."""
+def trajstates_to_host(trajstates: dict, statepoints=None) -> tuple[dict, dict]:
+    """(numpy pytree, JSON-able info) of ``{state point: [TrajState per chain]}``;
+    with ``statepoints`` the info also records each state point's
+    ``state_kwargs`` (:func:`kwargs_record`), checked when loading."""
     data, info = {}, {}
     for i in sorted(trajstates):
         data[f"{i:05d}"] = [jax.tree.map(np.asarray, t) for t in trajstates[i]]
+        extra = {} if statepoints is None else {"state_kwargs": kwargs_record(statepoints[i])}
         info[f"{i:05d}"] = [{"max_occupancy": int(t.nbrs.max_occupancy),
                              "cell_list_capacity": None if t.nbrs.cell_list_capacity is None
-                             else int(t.nbrs.cell_list_capacity)} for t in trajstates[i]]
+                             else int(t.nbrs.cell_list_capacity),
+                             "format": str(t.nbrs.format), **extra} for t in trajstates[i]]
     return data, info
+
+
+def kwargs_record(sp) -> dict:
+    """What a trajectory file records of the ``state_kwargs`` it was sampled
+    with: a checksum, and the scalar values for messages."""
+    crc, shown = 0, {}
+    for k in sorted(sp.state_kwargs):
+        a = np.ascontiguousarray(np.asarray(sp.state_kwargs[k]))
+        crc = zlib.crc32(k.encode() + a.tobytes(), crc)
+        if a.size == 1:
+            shown[k] = float(a.reshape(()))
+    return {"crc": crc, "values": shown}
+
+
+def _check_saved(path, i, sp, chains) -> None:
+    """Refuse trajectories saved for state point ``i`` that were sampled with
+    other ``state_kwargs`` than ``sp`` has."""
+    for ci in chains:
+        saved = ci.get("state_kwargs")
+        if saved is not None and saved["crc"] != kwargs_record(sp)["crc"]:
+            raise ckpt.CheckpointError(
+                f"{path!r} holds trajectories of state point {i} sampled with state_kwargs "
+                f"{saved['values']}, but state point {i} of this trainer has "
+                f"{kwargs_record(sp)['values']} (other values or arrays): were the state points "
+                f"reordered or changed? Add them in the order of the saved run, or sample new "
+                f"trajectories (initialize_trajstates()).")
 
 
 def pack(trajstates: dict) -> dict:
@@ -53,13 +85,30 @@ def unpack(statepoints, params, packed: dict, cache: dict) -> dict:
     return out
 
 
+def check_replaceable(path: str, run_id: str) -> None:
+    """Refuse to write trajectory states over ``path`` unless it is absent or
+    holds trajectory states of run ``run_id`` (a checkpoint, another run's
+    file or a file that is no chemtrain file would be lost)."""
+    path = os.fspath(path)
+    if not os.path.lexists(path):
+        return
+    try:
+        meta = ckpt.load(path)[0]
+    except (ckpt.CheckpointError, OSError):
+        meta = {}
+    if meta.get("kind") == "trajstates" and meta.get("run_id") == run_id:
+        return
+    what = (f"a {meta['kind']} of run {meta.get('run_id')}" if meta.get("kind")
+            else "not a trajectory-state file")
+    raise FileExistsError(f"{path!r} exists and is {what}; save_trajstates does not write over "
+                          f"it. Choose another path, or pass overwrite=True.")
+
+
 def read(path: str, trainer_name: str):
     """(meta, leaves of the 'trajstates' tree) of a trajectory-state file or
     a checkpoint; refuses error states and other trainers' files."""
     meta, leaves = ckpt.load(os.fspath(path))
-    if meta.get("kind") not in ("checkpoint", "trajstates"):
-        raise ckpt.CheckpointError(f"{path!r} is an {meta.get('kind')} written after a failure "
-                                   f"({meta.get('error')}); it is for diagnosis, not for resuming.")
+    check_kind(path, meta, ("checkpoint", "trajstates"))
     if meta.get("trainer", trainer_name) != trainer_name:
         raise ckpt.CheckpointError(f"{path!r} was written by {meta['trainer']}, not "
                                    f"{trainer_name}.")
@@ -98,9 +147,19 @@ def trajstates_from_host(statepoints, params, meta: dict, leaves, mine, path) ->
         raise ckpt.CheckpointError(
             f"{path!r} holds trajectories of state point(s) {saved}; this trainer has "
             f"{len(statepoints)} state point(s) and needs {list(mine)}.")
+    for i in saved:
+        _check_saved(path, i, statepoints[i], info[f"{i:05d}"])
     cache = {}
     template = {f"{i:05d}": [_template(statepoints[i], params, c, ci, cache)
                              for c, ci in enumerate(info[f"{i:05d}"])] for i in saved}
+    for i in saved:
+        for ci, t in zip(info[f"{i:05d}"], template[f"{i:05d}"]):
+            if ci.get("format", str(t.nbrs.format)) != str(t.nbrs.format):
+                raise ckpt.CheckpointError(
+                    f"{path!r} holds trajectories of state point {i} on a {ci['format']} "
+                    f"neighbor list, but this trainer's neighbor_fn builds {t.nbrs.format} "
+                    f"lists. Use the saved run's format, or sample new trajectories "
+                    f"(initialize_trajstates()).")
     for i in saved:
         if len(info[f"{i:05d}"]) != statepoints[i].reference.shape[0]:
             raise ckpt.CheckpointError(

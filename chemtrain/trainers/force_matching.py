@@ -19,8 +19,9 @@ from ..learn import force_matching as fm
 from ..learn.step import make_reduced, make_update
 from ..models.template import as_template
 from ..parallel import make_strategy, raised_everywhere
-from .services import (CheckpointStore, Reporter, TrainingError, add_trees, check_consistency,
-                       close_epoch, collective, init_state, run_steps)
+from .report import Reporter, check_epochs, close_epoch
+from .services import (CheckpointStore, TrainingError, add_trees, check_consistency, collective,
+                       init_state, run_steps)
 from .stages import DataStages, global_batch
 from .state import FMState, HoldsState
 
@@ -74,6 +75,7 @@ class ForceMatching(HoldsState):
             self.batch, self.optimizer = int(batch), optimizer
             self.gammas, self.weights_keys = fm.check_gammas(gammas), dict(weights_keys or {})
             self.consistency_check_every = consistency_check_every
+            self._diagnose = (template, nbrs_init)   # for the message of a failed step
             self.reporter = Reporter(self.strategy, log_file, progress)
             self.store = CheckpointStore(self.strategy, checkpoint_path, "ForceMatching")
             self.data = DataStages(self.strategy, self.batch, ("R", *self.gammas,
@@ -135,9 +137,11 @@ class ForceMatching(HoldsState):
     @collective
     def train(self, max_epochs: int, checkpoint_freq: int | None = None) -> None:
         """Train ``max_epochs`` more epochs; checkpoint every ``checkpoint_freq``."""
+        check_epochs(max_epochs, checkpoint_freq)
         loader = self.data["training"]
         if checkpoint_freq:
-            self.store.check_folder()
+            self.store.check_folder(self.epoch)
+        self.reporter.claim(self.store.run_id)
         epochs = self.reporter.epochs(self.epoch, max_epochs)
         for epoch in epochs:
             start = time.perf_counter()
@@ -178,10 +182,17 @@ class ForceMatching(HoldsState):
 
     def _failed(self, stats, index, applied, epoch):
         self.state = self.state.replace(step=self.state.step + applied)
-        nbr_errors, loss = self.strategy.to_host((stats["nbr_errors"], stats["loss"]))
-        self.store.fail(fm.failed_step_message(int(nbr_errors), float(loss),
-                                               f"step {index} of epoch {epoch}"),
-                        *self._capture())
+        nbr_errors, loss, grad_ok = self.strategy.to_host(
+            (stats["nbr_errors"], stats["loss"], stats["grad_ok"]))
+        message = fm.failed_step_message(int(nbr_errors), float(loss),
+                                         f"step {index} of epoch {epoch}", bool(grad_ok))
+        template, nbrs = self._diagnose
+        if not int(nbr_errors) and nbrs is not None:
+            from ..learn.diagnose import energy_gradient_note
+            note = energy_gradient_note(template, self.strategy.to_host(self.params),
+                                        nbrs.reference_position, nbrs)
+            message += f" Likely cause: {note}" if note else ""
+        self.store.fail(message, *self._capture())
 
     # -- evaluation ---------------------------------------------------------
     @collective

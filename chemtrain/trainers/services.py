@@ -15,7 +15,6 @@ import glob
 import json
 import logging
 import os
-import time
 import uuid
 import zlib
 from typing import Callable, Mapping, NoReturn
@@ -25,7 +24,6 @@ import numpy as np
 
 from .. import checkpoint as ckpt
 from ..parallel.failures import on_root, raised_everywhere
-from ._progress import progress_bar
 from .state import TrainerState
 
 SERVICES_READY = True
@@ -57,39 +55,6 @@ class TrainingError(RuntimeError):
     The failed update was not applied: the trainer keeps the last good state,
     and an error-state file was written for diagnosis where possible.
     """
-
-
-class Reporter:
-    """Epoch reports of the root process: a log line, tqdm bars and one JSON
-    line per epoch in ``log_file`` (for plotting)."""
-
-    def __init__(self, strategy, log_file: str | None = None, progress: bool = True):
-        self.strategy = strategy
-        self.log_file = log_file
-        self.show = bool(progress) and strategy.is_root
-
-    def epochs(self, start: int, n: int):
-        """Iterable over epoch numbers with the outer progress bar."""
-        return progress_bar(range(start, start + n), desc="epochs", disable=not self.show,
-                            position=0)
-
-    def bar(self, total: int, desc: str):
-        """An inner progress bar (steps of an epoch, state points, ...)."""
-        return progress_bar(total=total, desc=desc, leave=False, disable=not self.show,
-                            position=1)
-
-    def report(self, record: Mapping, text: str, epochs_bar=None, **postfix) -> None:
-        """Log ``text``, show ``postfix`` on the epoch bar and append ``record``
-        to the metrics file (root only)."""
-        if not self.strategy.is_root:
-            return
-        log.info(text)
-        if epochs_bar is not None and postfix and hasattr(epochs_bar, "set_postfix"):
-            epochs_bar.set_postfix(**postfix)
-        if self.log_file:
-            os.makedirs(os.path.dirname(os.path.abspath(self.log_file)), exist_ok=True)
-            with open(self.log_file, "a") as f:
-                f.write(json.dumps(record) + "\n")
 
 
 class CheckpointStore:
@@ -187,18 +152,23 @@ class CheckpointStore:
     def epoch_path(self, epoch: int) -> str:
         return os.path.join(self.folder, f"epoch_{epoch:05d}.npz")
 
-    def check_folder(self) -> None:
+    def check_folder(self, epoch: int = 0) -> None:
         """Refuse to go on if ``folder`` holds epoch checkpoints of another
-        run (they would be overwritten one by one)."""
-        if self._folder_checked:
-            return
-
+        run, or of this run beyond ``epoch`` (restored from an earlier
+        epoch): they would be overwritten one by one. The folder is claimed
+        for this run atomically (:func:`claim_folder`), so two runs started
+        at once cannot both pass."""
         def check():
-            foreign = {}
+            owner = claim_folder(self.folder, self.run_id)
+            foreign, later = {}, []
             for path in sorted(glob.glob(os.path.join(self.folder, "epoch_*.npz"))):
                 run = read_run_id(path)
                 if run != self.run_id:
                     foreign.setdefault(run, []).append(os.path.basename(path))
+                elif _epoch_of(path) > epoch:
+                    later.append(os.path.basename(path))
+            if owner != self.run_id:
+                foreign.setdefault(owner, []).append(OWNER_FILE)
             if foreign:
                 runs = "; ".join(f"run {r}: {', '.join(f[:3])}{' ...' if len(f) > 3 else ''}"
                                  for r, f in foreign.items())
@@ -207,13 +177,20 @@ class CheckpointStore:
                     f"run ({runs}); this run would overwrite them. Pass another "
                     f"checkpoint_path, move those files away, or continue that run with "
                     f"trainer.restore(<one of them>).")
+            if later:
+                raise ckpt.CheckpointError(
+                    f"The checkpoint folder {self.folder!r} holds checkpoints of this run after "
+                    f"epoch {epoch} ({', '.join(later[:3])}{' ...' if len(later) > 3 else ''}), "
+                    f"which training on from epoch {epoch} would overwrite. Restore the latest "
+                    f"one, pass another checkpoint_path, or move them away.")
 
-        on_root(self.strategy, check, only_root=True)
-        self._folder_checked = True
+        if not self._folder_checked:
+            on_root(self.strategy, check, only_root=True)
+            self._folder_checked = True
 
     def save_epoch(self, epoch: int, trees: Mapping, meta: Mapping) -> str:
         """Save the checkpoint of a completed epoch as ``folder/epoch_NNNNN.npz``."""
-        self.check_folder()
+        self.check_folder(epoch - 1)
         path = self.epoch_path(epoch)
         self.save(path, trees, meta)
         return path
@@ -230,10 +207,7 @@ class CheckpointStore:
         """
         def read():
             meta, leaves = ckpt.load(path)
-            if meta.get("kind") != "checkpoint":
-                raise ckpt.CheckpointError(
-                    f"{path!r} is an {meta.get('kind')} written after a failure "
-                    f"({meta.get('error')}); it is for diagnosis, not for resuming.")
+            check_kind(path, meta, ("checkpoint",))
             if meta.get("trainer", self.trainer) != self.trainer:
                 raise ckpt.CheckpointError(f"{path!r} was written by {meta['trainer']}, not "
                                            f"{self.trainer}.")
@@ -254,7 +228,7 @@ class CheckpointStore:
                                                   {k: jax.tree.map(np.asarray, v)
                                                    for k, v in templates.items()})
         self.run_id = meta.get("run_id", self.run_id)
-        self._folder_checked = os.path.abspath(os.path.dirname(path)) == os.path.abspath(self.folder)
+        self._folder_checked = False   # the next save checks the folder for this run
         return meta, trees
 
     def fail(self, message: str, trees: Mapping, meta: Mapping,
@@ -271,6 +245,56 @@ class CheckpointStore:
         raise raised_everywhere(TrainingError(
             f"{message} The update was not applied; the trainer holds the last good state, "
             f"and {where}."))
+
+
+#: the file that names the run owning a checkpoint folder (see :func:`claim_folder`)
+OWNER_FILE = ".chemtrain-run"
+
+_KINDS = {"error_state": "an error_state written after a failure ({error}); it is for "
+                         "diagnosis, not for resuming",
+          "trajstates": "a trajectory-state file (save_trajstates): load it with "
+                        "trainer.load_trajstates(path), or restore a checkpoint"}
+
+
+def check_kind(path: str, meta: Mapping, allowed) -> None:
+    """Refuse a chemtrain file of another kind than ``allowed``, saying what it is."""
+    kind = meta.get("kind")
+    if kind in allowed:
+        return
+    what = _KINDS.get(kind, "not a file this trainer reads (kind {kind!r})")
+    raise ckpt.CheckpointError(f"{path!r} is " + what.format(error=meta.get("error"), kind=kind)
+                               + ".")
+
+
+def claim_folder(folder: str, run_id: str) -> str | None:
+    """Atomically make ``run_id`` the owner of ``folder`` unless another run
+    already is; return the owner. The owner file is written whole under a
+    temporary name and linked into place: of two runs claiming at once,
+    exactly one succeeds and the other reads its id. A folder that cannot
+    be written returns ``run_id`` (the checkpoint write reports the error)."""
+    owner = os.path.join(folder, OWNER_FILE)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        tmp = f"{owner}.{run_id}.tmp"
+        with open(tmp, "w") as f:
+            f.write(run_id)
+        try:
+            os.link(tmp, owner)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+        with open(owner) as f:
+            return f.read().strip() or None
+    except OSError:
+        return run_id
+
+
+def _epoch_of(path: str) -> int:
+    try:
+        return int(os.path.basename(path)[len("epoch_"):-len(".npz")])
+    except ValueError:
+        return -1
 
 
 def read_run_id(path: str) -> str | None:
@@ -349,16 +373,16 @@ def run_steps(strategy, step: Callable, batches, on_failure: Callable, bar=None,
 def init_state(strategy, init_params, optimizer):
     """(params, opt_state) replicated on the devices and the host params: the
     root's ``init_params`` and its optimizer state, on every process."""
+    leaves = jax.tree_util.tree_flatten_with_path(init_params)[0]
+    if not leaves:
+        raise ValueError("init_params holds no arrays: there is nothing to train.")
+    for path, leaf in leaves:
+        if not np.issubdtype(np.asarray(leaf).dtype, np.floating):
+            raise TypeError(
+                f"Parameter {jax.tree_util.keystr(path) or 'init_params'} has dtype "
+                f"{np.asarray(leaf).dtype}; trained parameters must be floating point (e.g. "
+                f"jnp.asarray({np.asarray(leaf).tolist() if np.size(leaf) < 5 else '...'}, "
+                f"jnp.float32)), since gradients of integers are not defined.")
     host_params = strategy.broadcast_from_root(jax.tree.map(np.asarray, init_params))
     host_opt = strategy.broadcast_from_root(jax.tree.map(np.asarray, optimizer.init(host_params)))
     return strategy.replicate(host_params), strategy.replicate(host_opt), host_params
-
-
-def close_epoch(strategy, reporter, record: dict, text: str, epochs_bar, started: float,
-                **postfix) -> dict:
-    """End an epoch: the slowest process's time into ``record``, then the
-    report (log line, bar, metrics file). Returns ``record``; the trainer
-    adds it to its state's history and checkpoints."""
-    record["time_s"] = strategy.host_max(time.perf_counter() - started)
-    reporter.report(record, f"{text} ({record['time_s']:.2f} s)", epochs_bar, **postfix)
-    return record

@@ -21,10 +21,17 @@ class StatePointFunctions:
 
     def __init__(self, energy_fn_template, simulator_template, neighbor_fn, timings, quantities,
                  targets, observables, loss_fn, vmap_batch):
+        if vmap_batch is not None and (isinstance(vmap_batch, bool) or not isinstance(
+                vmap_batch, (int, np.integer)) or vmap_batch < 1):
+            raise ValueError(f"vmap_batch must be a positive whole number (snapshots evaluated "
+                             f"at once) or None (all at once), got {vmap_batch!r}.")
         self.init_fn, self.run_fn = make_trajectory(simulator_template, energy_fn_template,
                                                     neighbor_fn, timings)
         self.neighbor_fn = neighbor_fn
         self.energy_fn_template = energy_fn_template
+        self.quantities = dict(quantities)
+        self.energy = jax.jit(lambda p, R, nbrs, kw: energy_fn_template(p)(R, neighbor=nbrs, **kw))
+        self.checked = set()   # state points whose first configuration was checked
         self._loss_args = (energy_fn_template, dict(quantities), targets, observables, loss_fn,
                            vmap_batch)
         dt.resolve_observables(targets, quantities, observables, require_values=False)
@@ -84,7 +91,22 @@ def make_statepoint(index: int, fns: StatePointFunctions, state_kwargs, referenc
         raise ValueError(f"State point {index}: state_kwargs must contain 'kT' (thermal energy "
                          f"in kJ/mol, e.g. chemtrain.units.kT(300.0)); got keys "
                          f"{sorted(state_kwargs)}.")
+    try:
+        kT = np.asarray(state_kwargs["kT"], dtype=float)
+    except (TypeError, ValueError):
+        kT = None
+    if kT is None or kT.size != 1 or not (np.isfinite(kT).all() and (kT > 0).all()):
+        raise ValueError(f"State point {index}: state_kwargs['kT'] must be one positive, finite "
+                         f"number (the thermal energy in kJ/mol, e.g. chemtrain.units.kT(300.0) "
+                         f"= 2.494), got {state_kwargs['kT']!r}.")
     reference = jnp.asarray(reference)
+    if not jnp.issubdtype(reference.dtype, jnp.floating):
+        raise TypeError(f"State point {index}: the reference positions must be floating point, "
+                        f"got {reference.dtype}.")
+    if jax.config.jax_enable_x64 and reference.dtype != jnp.float64:
+        raise TypeError(f"State point {index}: the reference positions are {reference.dtype}, but "
+                        f"JAX runs in float64 (jax_enable_x64), where jax-md's simulators need "
+                        f"float64 positions. Pass np.asarray(positions, np.float64).")
     if reference.ndim == 2:
         reference = reference[None]
     if reference.ndim != 3:
@@ -107,3 +129,16 @@ def fingerprint(statepoints) -> tuple[list, int]:
         for a in arrays:
             crc = zlib.crc32(np.ascontiguousarray(np.asarray(a)).tobytes(), crc)
     return shapes, crc
+
+
+def check_plot_x(plot_x, sp: StatePoint) -> None:
+    """``plot_x`` (target name -> x values of its plot) must name targets of
+    ``sp`` and give one x per target value."""
+    for key, x in plot_x.items():
+        if key not in sp.targets:
+            raise ValueError(f"plot_x names {key!r}, which is not a target; targets: "
+                             f"{sorted(sp.targets)}.")
+        if np.size(x) != np.size(sp.target_values[key]):
+            raise ValueError(f"plot_x[{key!r}] has {np.size(x)} values, but the target {key!r} "
+                             f"has {np.size(sp.target_values[key])} (one x per value, e.g. the "
+                             f"RDF's bin_centers).")

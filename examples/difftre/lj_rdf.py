@@ -33,6 +33,7 @@ import logging
 import os
 import time
 
+import chemtrain  # noqa: F401  (before jax_md: chemtrain defers jax_md.rigid_body's costly import)
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -9,6 +9,10 @@ Cases (process 1 is the one that misbehaves):
   root_error     the root's dataset holds an element the model refuses
   restore        process 1 names another checkpoint than the root; then all
                  name a missing one
+  early_exit     process 1 trains one epoch and its script ends; process 0
+                 trains on (it would wait forever in its next collective)
+  single_race    every process runs its own parallelism='single' run into one
+                 checkpoint folder (two runs started together)
 Every process that catches an error writes DIR/error_<process>.txt with its
 class and message (processes share one stdout pipe).
 """
@@ -100,6 +104,20 @@ def main():
                 tr.restore(os.path.join(args.out, name))
             except Exception as e:  # noqa: BLE001
                 record(e)
+    elif args.case == "early_exit":
+        tr.set_datasets(data)
+        tr.train(1)
+        if proc == 1:
+            failing_now()
+            print("PROCESS-1-ENDS", flush=True)
+            return
+        tr.train(3)
+    elif args.case == "single_race":
+        tr.set_datasets(data)
+        try:
+            tr.train(2, checkpoint_freq=1)
+        except Exception as e:  # noqa: BLE001
+            record(e)
     else:
         raise SystemExit(f"unknown case {args.case}")
     print("FINISHED-NORMALLY", proc, flush=True)

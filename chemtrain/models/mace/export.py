@@ -36,7 +36,8 @@ __all__ = ["export_mace_torch", "build_torch_model"]
 BASIS_TOLERANCE = 1e-8
 
 
-def export_mace_torch(cfg: M.MaceConfig, params, path: str, dtype=None) -> str:
+def export_mace_torch(cfg: M.MaceConfig, params, path: str, dtype=None,
+                      overwrite: bool = False) -> str:
     """Write ``(cfg, params)`` as a mace-torch ``ScaleShiftMACE`` file.
 
     The file is what ``torch.save(model, path)`` writes in mace-torch
@@ -47,9 +48,14 @@ def export_mace_torch(cfg: M.MaceConfig, params, path: str, dtype=None) -> str:
 
     Raises :class:`UnsupportedModelError` if mace-torch's constructor cannot
     represent the configuration exactly, and ``ImportError`` (with the
-    install command) without torch and mace-torch.
+    install command) without torch and mace-torch, and ``FileExistsError``
+    if ``path`` exists, unless ``overwrite``.
     """
     import io
+    import os
+    if os.path.lexists(path) and not overwrite:
+        raise FileExistsError(f"{os.fspath(path)!r} exists; export_mace_torch does not write over "
+                              f"it. Choose another path, or pass overwrite=True.")
     from chemtrain.checkpoint import atomic_write_bytes
     torch = _import_torch()
     model = build_torch_model(cfg, params, dtype)
