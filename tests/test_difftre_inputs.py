@@ -5,7 +5,6 @@ Lennard-Jones particles; most cases stop before any trajectory runs."""
 import functools
 import json
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -173,10 +172,10 @@ def test_jax_md_energy_with_nan_parameter_gradient_is_diagnosed(tmp_path):
         trainer.train(1)
 
 
-@pytest.mark.parametrize("gamma,match", [(-1.0, "finite number >= 0"), (np.nan, ">= 0"),
-                                         ("1", "finite number")])
-def test_target_weight_must_be_a_nonnegative_number(gamma, match):
-    with pytest.raises(ValueError, match=rf"targets\['rdf'\]\['gamma'\] must be a {match}|{match}"):
+@pytest.mark.parametrize("gamma", [-1.0, np.nan, "1"])
+def test_target_weight_must_be_a_nonnegative_number(gamma):
+    with pytest.raises(ValueError, match=r"targets\['rdf'\]\['gamma'\] must be a finite number "
+                                         r">= 0"):
         pair(targets={"rdf": {"target": np.ones((1, 50)), "gamma": gamma}})
 
 

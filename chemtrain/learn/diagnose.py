@@ -24,7 +24,8 @@ PADDED_LIST_NOTE = (
     "guard r with jnp.where(real, r, 1.0) in your own energy.")
 
 
-def _finite(tree) -> bool:
+def all_finite(tree) -> bool:
+    """Whether every leaf of a (host or device) pytree is finite."""
     return all(bool(np.all(np.isfinite(np.asarray(x)))) for x in jax.tree.leaves(tree))
 
 
@@ -46,7 +47,7 @@ def energy_gradient_note(energy_fn_template, params, positions, neighbor,
         value, grad = jax.value_and_grad(energy)(jax.tree.map(jnp.asarray, params))
     except Exception:  # noqa: BLE001 - a diagnosis must not raise
         return None
-    if _finite(grad):
+    if all_finite(grad):
         return None
     shown = f"{float(value):.6g}" if np.isfinite(float(value)) else "not finite either"
     if has_padding(neighbor, np.shape(positions)[0]):

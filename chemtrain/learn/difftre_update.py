@@ -22,7 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..ensemble import box_kwargs, energy_kwargs
 from . import difftre as dt
+from .diagnose import all_finite, energy_gradient_note, nonfinite_predictions_note
 
 
 def host64(tree):
@@ -150,8 +152,7 @@ def failure(summed: Mapping, batch: Sequence[int], where: str) -> str | None:
 def finite(result) -> bool:
     """Whether a state point's loss and gradient (``result`` of
     :func:`loss_and_grad`, on the host) are finite."""
-    return bool(np.isfinite(float(result["loss"]))) and all(
-        bool(np.all(np.isfinite(np.asarray(g)))) for g in jax.tree.leaves(result["grad"]))
+    return all_finite((result["loss"], result["grad"]))
 
 
 def diagnosis(sp, params, trajs, result) -> list[str]:
@@ -160,16 +161,14 @@ def diagnosis(sp, params, trajs, result) -> list[str]:
     observables that are NaN (with the reason a quantity gives), energies
     that are not finite, an energy whose parameter gradient is NaN on a
     padded neighbor list. Host work, run only after a failure."""
-    from ..ensemble import box_kwargs, energy_kwargs
-    from .diagnose import energy_gradient_note, nonfinite_predictions_note
     aux, notes = result["aux"], []
     note = nonfinite_predictions_note(aux["predictions"], sp.fns.quantities)
     if note:
         notes.append(note)
-    if not np.all(np.isfinite(np.asarray(aux["weights"]))):
+    if not all_finite(aux["weights"]):
         notes.append("The reweighting weights are not finite: the energy of stored snapshots "
                      "is not finite at the new parameters.")
-    if not all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(result["grad"])):
+    if not all_finite(result["grad"]):
         first = jax.tree.map(lambda x: x[0], trajs[0].snapshots)
         nbrs = trajs[0].nbrs.update(first.position, **box_kwargs(first))
         note = energy_gradient_note(sp.fns.energy_fn_template, params, first.position, nbrs,

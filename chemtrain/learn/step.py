@@ -3,8 +3,8 @@
 Every shard computes its loss and gradient, the strategy averages the
 gradient over shards, and every shard applies the same optax update to its
 replica. A step whose loss or gradient is not finite, or whose neighbor
-lists failed on any shard, leaves parameters and optimizer state unchanged and reports it, so
-the trainer can stop with the last good state.
+lists failed on any shard, leaves parameters and optimizer state unchanged
+and reports it, so the trainer can stop with the last good state.
 """
 from __future__ import annotations
 

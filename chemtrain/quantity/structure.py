@@ -88,19 +88,10 @@ def _smoothed_histogram(x, use, centers, sigma):
     return jnp.zeros(c.size, x.dtype).at[jnp.where(inside, bins, 0)].add(k)
 
 
-def _farthest_image(box, dim: int) -> float:
-    """The largest minimum-image distance in a fixed orthorhombic ``box``
-    (scalar or ``dim`` side lengths) of ``dim`` dimensions, inf when the box
-    is unknown or general."""
-    if box is None:
-        return math.inf
-    try:
-        sides = np.asarray(box, dtype=float)
-    except (TypeError, jax.errors.TracerArrayConversionError):
-        return math.inf
-    if sides.ndim > 1:
-        return math.inf
-    return float(np.sqrt(np.sum(np.broadcast_to(sides / 2, (dim,)) ** 2)))
+def _farthest_image(sides) -> float:
+    """The largest minimum-image distance in a periodic orthorhombic box of
+    these side lengths (:func:`_fixed_sides`), inf when there are none."""
+    return math.inf if sides is None else float(np.sqrt(np.sum((sides / 2) ** 2)))
 
 
 def check_list_reach(neighbor, needed: float, what: str, fix: str) -> None:
@@ -249,7 +240,7 @@ def rdf(displacement_fn, rdf_params, box=None, r_cut: float | None = None,
                     f"its minimum-image distance (upstream chemtrain's RDF). Or {fix_range}.")
             if periodic_images == "all":
                 shifts = _image_shifts(sides, r_cut)
-        needed = min(r_cut, _farthest_image(None if sides is None else sides, dim))
+        needed = min(r_cut, _farthest_image(sides))
         cutoff = None if neighbor is None else list_cutoff(neighbor)
         short = neighbor is None or (cutoff is not None and cutoff < needed - 1e-9)
         vol = volume(snapshot_box(state, box, kwargs), dim)

@@ -18,6 +18,9 @@ import inspect
 import math
 from typing import NamedTuple
 
+import jax
+import numpy as np
+
 
 class SimulatorSettings(NamedTuple):
     """``dt`` and ``mass`` bound in a simulator partial (None when not
@@ -91,7 +94,6 @@ def initial_mass(state_kwargs, settings: SimulatorSettings):
     """The mass for the simulator's init: ``state_kwargs['mass']``, else the
     ``mass`` bound in the simulator partial, else 1. Both given and
     different is an error."""
-    import numpy as np
     if "mass" in state_kwargs:
         if settings.mass is not None and not np.array_equal(np.asarray(settings.mass),
                                                             np.asarray(state_kwargs["mass"])):
@@ -108,7 +110,6 @@ def check_energy(energy_fn_template, params, R0, nbrs, **energy_kwargs) -> None:
     configuration: a template returning jax-md's ``(neighbor_fn,
     energy_fn)`` pair, something not callable, or an energy of another
     shape (checked by tracing, nothing is computed)."""
-    import jax
     energy_fn = energy_fn_template(params)
     if isinstance(energy_fn, tuple):
         raise TypeError(

@@ -16,6 +16,7 @@ import optax
 
 from ..data.loader import VALID
 from ..learn import force_matching as fm
+from ..learn.diagnose import energy_gradient_note
 from ..learn.step import make_reduced, make_update
 from ..models.template import as_template
 from ..parallel import make_strategy, raised_everywhere
@@ -188,7 +189,6 @@ class ForceMatching(HoldsState):
                                          f"step {index} of epoch {epoch}", bool(grad_ok))
         template, nbrs = self._diagnose
         if not int(nbr_errors) and nbrs is not None:
-            from ..learn.diagnose import energy_gradient_note
             note = energy_gradient_note(template, self.strategy.to_host(self.params),
                                         nbrs.reference_position, nbrs)
             message += f" Likely cause: {note}" if note else ""

@@ -32,7 +32,7 @@ class StatePointFunctions:
         self.quantities = dict(quantities)
         self.energy = jax.jit(lambda p, R, nbrs, kw: energy_fn_template(p)(R, neighbor=nbrs, **kw))
         self.checked = set()   # state points whose first configuration was checked
-        self._loss_args = (energy_fn_template, dict(quantities), targets, observables, loss_fn,
+        self._loss_args = (energy_fn_template, self.quantities, targets, observables, loss_fn,
                            vmap_batch)
         dt.resolve_observables(targets, quantities, observables, require_values=False)
         self.fixed = None  # quantities that ignore the potential, known after the first trajectory
