@@ -191,6 +191,12 @@ class HDF5ParallelDataLoader:
             out[k] = (rows[0] if len(rows) == 1 else np.concatenate(rows))[inverse]
         return self._cast(out)
 
+    def read(self, idx) -> dict:
+        """Rows ``idx`` of every dataset, read now (for a trainer that draws
+        its own rows, e.g. relative entropy's reference batches)."""
+        with self._open() as f:
+            return self.read_rows(f, np.asarray(idx))
+
     def local_batches(self, strategy, epoch: int = 0) -> Iterator[dict]:
         """Yield this process's rows of every batch of an epoch (numpy), read
         ahead in a background thread."""

@@ -165,7 +165,9 @@ def _scalar(value, what: str):
     return value
 
 
-def _map(fn, xs, batch_size):
+def map_in_chunks(fn, xs, batch_size):
+    """``vmap(fn)(xs)`` over the leading axis, ``batch_size`` entries at a time
+    (None: all at once)."""
     n = jax.tree.leaves(xs)[0].shape[0]
     if batch_size is None or batch_size >= n:
         return jax.vmap(fn)(xs)
@@ -198,7 +200,7 @@ def make_snapshot_evaluator(energy_fn_template: Callable | None,
                  for name, fn in quantities.items()}
             return U, q, nbrs.did_buffer_overflow
 
-        outs = [_map(lambda s, nb=nbrs0: one(nb, s), snapshots, vmap_batch)
+        outs = [map_in_chunks(lambda s, nb=nbrs0: one(nb, s), snapshots, vmap_batch)
                 for snapshots, nbrs0 in chains]
         U = None if energy_fn_template is None else jnp.concatenate([o[0] for o in outs])
         q = {name: jnp.concatenate([o[1][name] for o in outs]) for name in quantities}

@@ -2,9 +2,10 @@
 composed of the shared services in :mod:`chemtrain.trainers.services`."""
 from .difftre import Difftre, DifftreParallel
 from .force_matching import ForceMatching
+from .relative_entropy import RelativeEntropy
 from .services import TrainingError
-from .state import DifftreState, FMState, TrainerState
+from .state import DifftreState, FMState, RelEntropyState, TrainerState
 from .statepoint import StatePoint
 
-__all__ = ["ForceMatching", "Difftre", "DifftreParallel", "TrainingError", "StatePoint",
-           "TrainerState", "FMState", "DifftreState"]
+__all__ = ["ForceMatching", "Difftre", "DifftreParallel", "RelativeEntropy", "TrainingError",
+           "StatePoint", "TrainerState", "FMState", "DifftreState", "RelEntropyState"]

@@ -179,19 +179,14 @@ class Difftre(_DifftreCore):
         point added here compiles its own functions; state points that share
         everything but ``state_kwargs`` and targets are cheaper as one
         :class:`DifftreParallel`. Returns the state point's index."""
-        if isinstance(state_kwargs, (int, float, np.floating)):
-            state_kwargs = {"kT": float(state_kwargs)}
-        if not isinstance(state_kwargs, Mapping):
-            raise TypeError(f"state_kwargs must be a dict (with 'kT') or the number kT, got "
-                            f"{type(state_kwargs).__name__}.")
-        if isinstance(reference_state, tuple) and hasattr(reference_state[0], "position"):
-            reference_state = reference_state[0].position
+        state_kwargs, reference_state = statepoint_inputs(state_kwargs, reference_state)
         targets = targets or {}
         dt.resolve_observables(targets, quantities, observables)
         specs = {k: {kk: vv for kk, vv in v.items() if kk != "target"} for k, v in targets.items()}
         energy_fn_template = energy_fn_template or self.energy_fn_template
         if energy_fn_template is None:
-            raise ValueError("add_statepoint needs an energy_fn_template (or give one to Difftre).")
+            raise ValueError("add_statepoint needs an energy_fn_template (or give one to the "
+                             "trainer).")
         fns = StatePointFunctions(energy_fn_template, simulator_template, neighbor_fn, timings, quantities,
                          specs, observables, loss_fn or self._default_loss_fn, vmap_batch)
         first = self.statepoints[0] if self.statepoints else None
@@ -204,3 +199,17 @@ class Difftre(_DifftreCore):
         if initialize_traj:
             self.initialize_trajstates(1, statepoints=[sp.index])
         return sp.index
+
+
+def statepoint_inputs(state_kwargs, reference_state):
+    """``add_statepoint``'s ``state_kwargs`` as a dict (a number is kT) and
+    its ``reference_state`` as positions (upstream's ``(simulator_state,
+    nbrs)`` gives its positions)."""
+    if isinstance(state_kwargs, (int, float, np.floating)):
+        state_kwargs = {"kT": float(state_kwargs)}
+    if not isinstance(state_kwargs, Mapping):
+        raise TypeError(f"state_kwargs must be a dict (with 'kT') or the number kT, got "
+                        f"{type(state_kwargs).__name__}.")
+    if isinstance(reference_state, tuple) and hasattr(reference_state[0], "position"):
+        reference_state = reference_state[0].position
+    return state_kwargs, reference_state

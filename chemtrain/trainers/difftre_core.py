@@ -16,6 +16,7 @@ only.
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import jax
@@ -25,11 +26,11 @@ import optax
 
 from ..learn import difftre as dt
 from ..learn import difftre_update as du
-from ..learn.difftre_checks import check_statepoint
 from ..parallel import agree, make_strategy, raised_everywhere
-from ..simulate.trajectory import NeighborListOverflowError, SimulationError, run_with_restart
+from ..simulate.trajectory import NeighborListOverflowError, SimulationError
 from . import difftre_io
 from .difftre_files import DifftreFiles
+from .difftre_sampling import DifftreSampling
 from .report import Reporter, check_epochs, close_epoch
 from .services import CheckpointStore, check_consistency, collective, init_state
 from .state import DifftreState, HoldsState
@@ -38,13 +39,14 @@ from .statepoint import StatePoint, check_plot_x, fingerprint, make_statepoint
 log = logging.getLogger("chemtrain")
 
 
-class _DifftreCore(HoldsState, DifftreFiles):
+class _DifftreCore(HoldsState, DifftreSampling, DifftreFiles):
     """The training loop shared by :class:`DifftreParallel` and
     :class:`Difftre`, and their one constructor path: both pass their
     training options (documented in :class:`DifftreParallel`) on to this
     ``__init__``, which checks them and builds the services."""
 
     trainer_name = "Difftre"
+    state_class = DifftreState
 
     def __init__(self, key, init_params, optimizer, *, sim_batch_size: int = 1,
                  parallelism: str = "auto", reweight_ratio: float = 0.9,
@@ -95,7 +97,7 @@ class _DifftreCore(HoldsState, DifftreFiles):
                                      replicated=())
         _, _, host_params = init_state(self.strategy, init_params, optimizer)
         params = jax.tree.map(jnp.asarray, host_params)
-        self.state = DifftreState(params, jax.tree.map(jnp.asarray, self.strategy.broadcast_from_root(
+        self.state = self.state_class(params, jax.tree.map(jnp.asarray, self.strategy.broadcast_from_root(
             jax.tree.map(np.asarray, optimizer.init(params)))))
         self.statepoints: list[StatePoint] = []
         self.trajstates: dict[int, list] = {}
@@ -121,9 +123,10 @@ class _DifftreCore(HoldsState, DifftreFiles):
     update_losses = property(lambda self: self.state.update_losses)
 
     # -- building state points ----------------------------------------------
-    def _add(self, fns, state_kwargs, reference, targets, target_values, n_snapshots, name=None):
+    def _add(self, fns, state_kwargs, reference, targets, target_values, n_snapshots, name=None,
+             data=None):
         sp = make_statepoint(len(self.statepoints), fns, state_kwargs, reference, targets,
-                             target_values, n_snapshots, name)
+                             target_values, n_snapshots, name, data)
         check_plot_x(self.plot_x, sp)
         self.statepoints.append(sp)
         return sp
@@ -187,52 +190,6 @@ class _DifftreCore(HoldsState, DifftreFiles):
     def _train_key(self, index, chain):
         return dt.statepoint_key(jax.random.fold_in(self.key, 0), index, self.update_count, chain)
 
-    # -- trajectories -----------------------------------------------------------
-    def _run(self, sp, params, trajs, keys):
-        out = []
-        for c, (t, k) in enumerate(zip(trajs, keys)):
-            out.append(run_with_restart(
-                sp.run_fn, sp.neighbor_fn, params, t, k,
-                overflow_capacity_multiplier=self.overflow_capacity_multiplier,
-                max_neighbor_retries=self.max_neighbor_retries,
-                statepoint=sp.name if sp.reference.shape[0] == 1 else f"{sp.name}, chain {c}",
-                **sp.state_kwargs))
-        return out
-
-    @collective
-    def initialize_trajstates(self, num_runs: int = 1, statepoints=None) -> None:
-        """Sample the first trajectory of every state point (or of the given
-        ``statepoints``) from its reference state: ``num_runs`` trajectories
-        in a row, of which all but the last serve as equilibration."""
-        if not self.statepoints:
-            raise ValueError("There are no state points; add them first.")
-        if not (isinstance(num_runs, int) and num_runs >= 1):
-            raise ValueError(f"num_runs must be a positive integer, got {num_runs!r}.")
-        self._check_statepoints("initialize_trajstates")
-        base = jax.random.fold_in(self.key, 1)
-        mine = self._local([i for i in range(self.n_statepoints)
-                            if statepoints is None or i in statepoints])
-
-        def compute():
-            new = {}
-            bar = self.reporter.bar(len(mine) * num_runs, "initial trajectories")
-            for i in mine:
-                sp = self.statepoints[i]
-                trajs = [sp.init_fn(self.params, dt.statepoint_key(base, i, 0, c), R0,
-                                    **sp.state_kwargs) for c, R0 in enumerate(sp.reference)]
-                self._preflight(sp, trajs)
-                for r in range(num_runs):
-                    keys = [dt.statepoint_key(base, i, r + 1, c) for c in range(len(trajs))]
-                    trajs = self._run(sp, self.params, trajs, keys)
-                    bar.update()
-                new[i] = trajs
-            bar.close()
-            return new
-
-        self.trajstates.update(self._exchange(
-            self._agree(compute, "sampling initial trajectories")))
-        self.state = self.state.replace(init_runs=num_runs)
-
     # -- training ---------------------------------------------------------------
     @collective
     def train(self, max_epochs: int, checkpoint_freq: int | None = None) -> None:
@@ -255,18 +212,19 @@ class _DifftreCore(HoldsState, DifftreFiles):
             started, self._comm_s, self._wait_s = time.perf_counter(), 0.0, 0.0
             self._mid_epoch = True
             bar = self.reporter.bar(len(batches), f"epoch {epoch}")
-            per_sp, step_sizes = {}, []
+            per_sp, step_sizes, norms = {}, [], []
             for batch in batches:
                 result = self._update(batch, epoch)
                 per_sp.update(result["statepoints"])
                 step_sizes.append(result["step_size"])
+                norms.append(result["grad_norm"])
                 bar.set_postfix(loss=f"{result['loss']:.4g}")
                 bar.update()
             bar.close()
             self._mid_epoch = False
             loss = float(np.mean([per_sp[i]["loss"] for i in sorted(per_sp)]))
             record = {"epoch": epoch, "update": self.update_count, "loss": loss,
-                      "step_sizes": step_sizes,
+                      "step_sizes": step_sizes, "grad_norms": norms,
                       "statepoints": [per_sp[i] for i in sorted(per_sp)]}
             n_re = sum(r["recomputed"] for r in record["statepoints"])
             text = (f"epoch {epoch}: loss {loss:.5g}, {n_re} of {len(per_sp)} state point(s) "
@@ -296,11 +254,8 @@ class _DifftreCore(HoldsState, DifftreFiles):
         except (NeighborListOverflowError, SimulationError) as e:
             self._fail(f"{type(e).__name__}: {e}", epoch)
         new = self._exchange(new)
-        sps = [self.statepoints[i] for i in batch]
-        names = list(sps[0].targets)
-        mine = du.contributions(batch, {i: du.host64(o) for i, o in out.items()},
-                                du.host64(params), names,
-                                [{k: np.shape(sp.target_values[k]) for k in names} for sp in sps])
+        mine = self._contributions(batch, {i: du.host64(o) for i, o in out.items()},
+                                   du.host64(params))
         started = time.perf_counter()
         summed = self.strategy.host_sum(mine)
         self._comm_s += time.perf_counter() - started
@@ -329,27 +284,42 @@ class _DifftreCore(HoldsState, DifftreFiles):
         new_params = self._apply(params, updates, scale)
         if not all(bool(jnp.all(jnp.isfinite(p))) for p in jax.tree.leaves(new_params)):
             self._fail(f"The update gives non-finite parameters in {where}.", epoch)
+        self.trajstates.update(new)
+        loss, records = self._records(summed, batch, out, new_params)
         self.state = self.state.replace(params=new_params, opt_state=opt_state,
                                         update_count=self.state.update_count + 1,
                                         update_losses=[*self.state.update_losses, loss])
-        self.trajstates.update(new)
         if self.consistency_check_every and self.update_count % self.consistency_check_every == 0:
             self.check_consistency()
-        records = du.records(summed, batch, self.update_count - 1, names,
-                             [sp.n_snapshots for sp in sps], [sp.target_values for sp in sps])
-        self.predictions.update(zip(batch, summed["pred"]))
         if self.on_update is not None:
             self.on_update({"update": self.update_count - 1, "epoch": epoch, "batch": list(batch),
                             "params_before": params, "params_after": new_params, "loss": loss,
                             "step_size": scale, "statepoints": records})
-        return {"loss": loss, "step_size": scale, "statepoints": records}
+        norm = math.sqrt(sum(float(np.sum(np.square(g))) for g in jax.tree.leaves(grads)))
+        return {"loss": loss, "step_size": scale, "statepoints": records, "grad_norm": norm}
 
-    def _preflight(self, sp, trajs):
-        """Check state point ``sp`` on its first configuration, once
-        (:func:`chemtrain.learn.difftre_checks.check_statepoint`)."""
-        if sp.index not in sp.fns.checked:
-            check_statepoint(sp, self.params, trajs[0])
-            sp.fns.checked.add(sp.index)
+    # -- what a trainer on this loop computes per state point -------------------
+    def _statepoint_result(self, sp, params, trajs):
+        """``(loss, aux), grad`` of state point ``sp`` on ``trajs``: DiffTRe's
+        loss (:func:`chemtrain.learn.difftre_update.loss_and_grad`)."""
+        return du.loss_and_grad(sp, params, trajs, self._fixed(sp, params, trajs))
+
+    def _contributions(self, batch, out, params):
+        """This process's share of the update of ``batch`` (host results
+        ``out`` of its state points), for a sum over processes."""
+        sps = [self.statepoints[i] for i in batch]
+        names = list(sps[0].targets)
+        return du.contributions(batch, out, params, names,
+                                [{k: np.shape(sp.target_values[k]) for k in names} for sp in sps])
+
+    def _records(self, summed, batch, out, new_params):
+        """``(loss, records)`` of the applied update of ``batch``: the batch's
+        loss and each state point's record of the history."""
+        sps = [self.statepoints[i] for i in batch]
+        records = du.records(summed, batch, self.update_count, list(sps[0].targets),
+                             [sp.n_snapshots for sp in sps], [sp.target_values for sp in sps])
+        self.predictions.update(zip(batch, summed["pred"]))
+        return du.batch_loss(summed), records
 
     def _local_results(self, local, params):
         """Loss, gradient and N_eff of this process's state points ``local``
@@ -360,14 +330,13 @@ class _DifftreCore(HoldsState, DifftreFiles):
         for i in local:
             sp, trajs = self.statepoints[i], self.trajstates[i]
             self._preflight(sp, trajs)   # trajectories loaded from a file
-            (loss, aux), grad = du.loss_and_grad(sp, params, trajs, self._fixed(sp, params, trajs))
+            (loss, aux), grad = self._statepoint_result(sp, params, trajs)
             n_eff_start = float(aux["n_eff"])
             recompute = dt.needs_recompute(n_eff_start, sp.n_snapshots, self.reweight_ratio)
             if recompute:
                 keys = [self._train_key(i, c) for c in range(len(trajs))]
                 trajs = new[i] = self._run(sp, params, trajs, keys)
-                (loss, aux), grad = du.loss_and_grad(sp, params, trajs,
-                                                     self._fixed(sp, params, trajs))
+                (loss, aux), grad = self._statepoint_result(sp, params, trajs)
             out[i] = {"loss": loss, "aux": aux, "grad": grad, "n_eff_start": n_eff_start,
                       "recomputed": recompute}
         return out, new

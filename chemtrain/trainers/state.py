@@ -140,6 +140,15 @@ class DifftreState(TrainerState):
     update_losses: list = dataclasses.field(default_factory=list)
 
 
+@dataclasses.dataclass(frozen=True)
+class RelEntropyState(DifftreState):
+    """A relative-entropy run's state: a DiffTRe state plus ``s_rel``, per
+    state point the estimated change of the relative entropy since the
+    initial parameters (the sum of every update's estimate)."""
+
+    s_rel: list = dataclasses.field(default_factory=list)
+
+
 def checked_params(strategy, current, params):
     """``params`` as host numpy (the root's values on every process), after
     checking on every process that they have the structure, shapes and

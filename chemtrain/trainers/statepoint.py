@@ -15,12 +15,15 @@ from ..learn import difftre as dt
 from ..simulate.trajectory import make_trajectory
 
 
-class StatePointFunctions:
+class SimulationFunctions:
     """The compiled functions of state points that share a potential,
-    simulator, quantities and targets (DifftreParallel: all of them)."""
+    simulator and neighbor list: the trajectory, the energy and the N_eff
+    of candidate steps. Every trainer that learns from its own simulations
+    (DiffTRe, relative entropy) builds on them."""
 
-    def __init__(self, energy_fn_template, simulator_template, neighbor_fn, timings, quantities,
-                 targets, observables, loss_fn, vmap_batch):
+    quantities: dict = {}
+
+    def __init__(self, energy_fn_template, simulator_template, neighbor_fn, timings, vmap_batch):
         if vmap_batch is not None and (isinstance(vmap_batch, bool) or not isinstance(
                 vmap_batch, (int, np.integer)) or vmap_batch < 1):
             raise ValueError(f"vmap_batch must be a positive whole number (snapshots evaluated "
@@ -29,19 +32,28 @@ class StatePointFunctions:
                                                     neighbor_fn, timings)
         self.neighbor_fn = neighbor_fn
         self.energy_fn_template = energy_fn_template
-        self.quantities = dict(quantities)
         self.energy = jax.jit(lambda p, R, nbrs, kw: energy_fn_template(p)(R, neighbor=nbrs, **kw))
         self.checked = set()   # state points whose first configuration was checked
-        self._loss_args = (energy_fn_template, self.quantities, targets, observables, loss_fn,
-                           vmap_batch)
-        dt.resolve_observables(targets, quantities, observables, require_values=False)
-        self.fixed = None  # quantities that ignore the potential, known after the first trajectory
         n_eff = dt.make_neff_fn(energy_fn_template, vmap_batch)
 
         def candidates(params, updates, scales, chains, U_ref, state_kwargs):
             return jax.lax.map(lambda a: n_eff(dt.scaled_params(params, updates, a), chains, U_ref,
                                                state_kwargs), scales)
         self.n_eff_candidates = jax.jit(candidates)
+
+
+class StatePointFunctions(SimulationFunctions):
+    """The compiled functions of DiffTRe state points that share a potential,
+    simulator, quantities and targets (DifftreParallel: all of them)."""
+
+    def __init__(self, energy_fn_template, simulator_template, neighbor_fn, timings, quantities,
+                 targets, observables, loss_fn, vmap_batch):
+        super().__init__(energy_fn_template, simulator_template, neighbor_fn, timings, vmap_batch)
+        self.quantities = dict(quantities)
+        self._loss_args = (energy_fn_template, self.quantities, targets, observables, loss_fn,
+                           vmap_batch)
+        dt.resolve_observables(targets, quantities, observables, require_values=False)
+        self.fixed = None  # quantities that ignore the potential, known after the first trajectory
 
     def prepare(self, trajs, state_kwargs):
         """Sort the quantities into potential-dependent ones (evaluated in the
@@ -65,8 +77,9 @@ class StatePoint:
     """Everything fixed about one state point: its index and name, its
     compiled functions, ``state_kwargs`` (jnp arrays: ``kT``, ``mass``, ...),
     the reference positions of its chains (chains, N, dim), the target specs
-    (``{name: {'gamma', 'loss_fn'?}}``) and values, and the number of
-    snapshots of all its chains together."""
+    (``{name: {'gamma', 'loss_fn'?}}``) and values, the number of snapshots
+    of all its chains together, and the data a trainer learns from besides
+    the targets (relative entropy: its reference configurations)."""
 
     index: int
     name: str
@@ -76,6 +89,7 @@ class StatePoint:
     targets: dict
     target_values: dict
     n_snapshots: int
+    data: Any = None
 
     init_fn = property(lambda self: self.fns.init_fn)
     run_fn = property(lambda self: self.fns.run_fn)
@@ -83,7 +97,8 @@ class StatePoint:
 
 
 def make_statepoint(index: int, fns: StatePointFunctions, state_kwargs, reference, targets,
-                    target_values, n_snapshots: int, name: str | None = None) -> StatePoint:
+                    target_values, n_snapshots: int, name: str | None = None,
+                    data=None) -> StatePoint:
     """State point ``index``, checked: ``state_kwargs`` with ``kT``;
     ``reference`` positions (N, dim) or (chains, N, dim); ``n_snapshots``
     per chain."""
@@ -115,16 +130,19 @@ def make_statepoint(index: int, fns: StatePointFunctions, state_kwargs, referenc
     return StatePoint(index, name if name is not None else f"{index}", fns,
                       {k: jnp.asarray(v) for k, v in state_kwargs.items()}, reference, targets,
                       {k: jnp.asarray(v) for k, v in target_values.items()},
-                      n_snapshots * reference.shape[0])  # all chains
+                      n_snapshots * reference.shape[0], data)  # all chains
 
 
 def fingerprint(statepoints) -> tuple[list, int]:
     """(shapes, checksum) of the state points' ``state_kwargs``, reference
-    states and targets: equal on processes that were given the same."""
+    states, targets and data (arrays, or an object's ``fingerprint()``):
+    equal on processes that were given the same."""
     crc, shapes = 0, []
     for sp in statepoints:
         arrays = [*(sp.state_kwargs[k] for k in sorted(sp.state_kwargs)), sp.reference,
                   *(sp.target_values[k] for k in sorted(sp.target_values))]
+        if sp.data is not None:
+            arrays.append(sp.data.fingerprint() if hasattr(sp.data, "fingerprint") else sp.data)
         shapes.append([list(np.shape(a)) for a in arrays])
         for a in arrays:
             crc = zlib.crc32(np.ascontiguousarray(np.asarray(a)).tobytes(), crc)

@@ -1,0 +1,320 @@
+"""``RelativeEntropy`` (upstream chemtrain's name): relative-entropy
+minimisation of a (coarse-grained) potential against mapped reference
+configurations, on the DiffTRe loop of :mod:`.difftre_core`.
+
+It shares everything with DiffTRe but the per-state-point numbers: the
+trajectories (reused while N_eff >= reweight_ratio x N, recomputed
+otherwise, neighbor-list restarts), the step-size search, state points
+spread over MPI ranks, checkpoints, error states and trajectory files. Per
+state point and update it computes the relative-entropy gradient from its
+stored snapshots and a random batch of its reference configurations
+(:mod:`chemtrain.learn.relative_entropy`), and after the update the
+estimated change of the relative entropy, whose running sum per state point
+is the loss the trainer reports.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Callable
+
+import jax
+import numpy as np
+
+from ..ensemble import is_npt
+from ..learn import difftre as dt
+from ..learn import difftre_update as du
+from ..learn import relative_entropy as re_fns
+from ..parallel import on_root
+from .difftre import statepoint_inputs
+from .difftre_core import _DifftreCore
+from .services import collective
+from .state import RelEntropyState
+from .statepoint import SimulationFunctions
+
+
+class RelativeEntropyFunctions(SimulationFunctions):
+    """The compiled functions of relative-entropy state points sharing a
+    potential, simulator and neighbor list."""
+
+    def __init__(self, energy_fn_template, simulator_template, neighbor_fn, timings, vmap_batch):
+        super().__init__(energy_fn_template, simulator_template, neighbor_fn, timings, vmap_batch)
+        self.loss_and_grad = jax.jit(jax.value_and_grad(
+            re_fns.make_loss(energy_fn_template, vmap_batch), has_aux=True))
+        self.change = jax.jit(re_fns.make_change(energy_fn_template, vmap_batch))
+        self.reference_energies = jax.jit(re_fns.reference_energies_fn(energy_fn_template, None))
+
+
+class ReferenceFrames:
+    """The reference configurations of one state point: an array (frames, N,
+    dim), or a loader with ``read(rows)`` and a ``schema`` holding ``'R'``
+    (:class:`chemtrain.data.HDF5ParallelDataLoader`), read batch by batch.
+    Checked against the simulation's (N, dim); cast to its dtype."""
+
+    def __init__(self, data, frame_shape, dtype, batch_size, where: str):
+        self.where, self.dtype = where, np.dtype(dtype)
+        self.loader = data if hasattr(data, "read") and hasattr(data, "schema") else None
+        if self.loader is not None:
+            if "R" not in self.loader.schema:
+                raise ValueError(f"{where}: the reference loader has no dataset 'R' (positions); "
+                                 f"it has {sorted(self.loader.schema)}.")
+            shape, self.n = (int(self.loader.n), *self.loader.schema["R"][0]), int(self.loader.n)
+            self.array = None
+        else:
+            try:
+                self.array = np.asarray(data)
+            except (TypeError, ValueError) as e:
+                raise TypeError(f"{where}: reference_data must be an array of positions (frames, "
+                                f"N, dim) or a chemtrain loader, got {type(data).__name__}.") from e
+            shape, self.n = self.array.shape, (len(self.array) if self.array.ndim else 0)
+            if self.array.dtype.kind not in "fiu":
+                raise TypeError(f"{where}: reference_data must hold numbers, got dtype "
+                                f"{self.array.dtype}.")
+        if len(shape) != 3:
+            raise ValueError(f"{where}: reference_data must have shape (frames, N, dim), got "
+                             f"{tuple(shape)}.")
+        if self.n == 0:
+            raise ValueError(f"{where}: reference_data is empty (0 frames); relative entropy "
+                             f"needs reference configurations.")
+        if tuple(shape[1:]) != tuple(frame_shape):
+            raise ValueError(f"{where}: the reference configurations have {shape[1]} particles "
+                             f"in {shape[2]} dimensions, but the simulation has "
+                             f"{frame_shape[0]} in {frame_shape[1]} (reference_state); map them "
+                             f"to the coarse-grained sites of the model first.")
+        if self.array is not None:
+            self.array = self.array.astype(self.dtype, copy=False)
+            self.check_finite(self.array, np.arange(self.n))
+        if batch_size is None:
+            batch_size = self.n
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+                or batch_size < 1:
+            raise ValueError(f"{where}: reference_batch_size must be a positive whole number or "
+                             f"None, got {batch_size!r}.")
+        if batch_size > self.n:
+            raise ValueError(f"{where}: reference_batch_size={batch_size} is larger than the "
+                             f"reference data ({self.n} frames); use at most {self.n}.")
+        self.batch_size = int(batch_size)
+
+    def check_finite(self, R, rows) -> None:
+        bad = ~np.isfinite(R).reshape(len(R), -1).all(axis=1)
+        if bad.any():
+            frames = np.asarray(rows)[bad][:5].tolist()
+            raise ValueError(f"{self.where}: reference frame(s) {frames} hold NaN or infinite "
+                             f"positions; remove them from reference_data.")
+
+    def take(self, rows):
+        """The frames ``rows``, checked finite, in the simulation's dtype."""
+        if self.array is not None:
+            return self.array[rows]
+        R = np.asarray(self.loader.read(rows)["R"]).astype(self.dtype, copy=False)
+        self.check_finite(R, rows)
+        return R
+
+    def fingerprint(self):
+        """What must be equal on every process: the array, or the loader's
+        file and size, with the batch size."""
+        if self.array is not None:
+            return np.append(np.ravel(self.array).astype(np.float64), self.batch_size)
+        name = str(getattr(self.loader, "path", type(self.loader).__name__))
+        return np.array([zlib.crc32(name.encode()), self.n, self.batch_size])
+
+
+class RelativeEntropy(_DifftreCore):
+    """Relative-entropy minimisation (upstream chemtrain's trainer).
+
+    ``RelativeEntropy(init_params, optimizer, reweight_ratio=0.9,
+    sim_batch_size=1)``, then :meth:`add_statepoint` per state point and
+    :meth:`train`. Each update draws a reference batch per state point,
+    takes the gradient ``beta (<dU/dtheta>_ref - <dU/dtheta>_theta)`` with
+    the model average reweighted from the stored trajectory (recomputed when
+    N_eff < reweight_ratio x N) and averages it over the batch's state
+    points. Other options as in :class:`DifftreParallel` (``key``,
+    ``parallelism``, ``step_size_search``, ``checkpoint_path``,
+    ``log_file``, ``plot_file``, ``progress``, ``on_update``, ...); NVT
+    state points only.
+
+    The ``history`` records per state point and update: ``loss`` (the
+    estimated change of the relative entropy since the initial parameters,
+    the running sum of ``delta_s_rel``), ``delta_s_rel`` (this update's
+    change, by free-energy perturbation), ``grad_norm`` (of its gradient),
+    ``n_eff`` (before any recompute) and ``recomputed``; per epoch the norm
+    of every update's mean gradient (``grad_norms``) and its step sizes.
+    """
+
+    trainer_name = "RelativeEntropy"
+    state_class = RelEntropyState
+
+    def __init__(self, init_params, optimizer, reweight_ratio: float = 0.9,
+                 sim_batch_size: int = 1, energy_fn_template: Callable | None = None, *,
+                 key=None, **options):
+        self.energy_fn_template = energy_fn_template
+        self._functions: list = []   # (inputs, RelativeEntropyFunctions) shared by state points
+        self._reference_batch: dict = {}   # (state point, stream) -> (update, reference batch)
+        self._data_nbrs: dict = {}   # state point -> neighbor list of its reference frames
+        super().__init__(key, init_params, optimizer, reweight_ratio=reweight_ratio,
+                         sim_batch_size=sim_batch_size, name=options.pop("name", "relentropy"),
+                         **options)
+
+    @collective
+    def add_statepoint(self, reference_data, energy_fn_template, simulator_template, neighbor_fn,
+                       timings, state_kwargs, reference_state, reference_batch_size=None,
+                       vmap_batch: int | None = 10, initialize_traj: bool = True) -> int:
+        """Add one state point (upstream's argument order).
+
+        ``reference_data``: mapped reference configurations (frames, N, dim)
+        or a loader of them (e.g. ``HDF5ParallelDataLoader(path, keys=['R'])``).
+        ``reference_batch_size``: frames per update (None: all). Other
+        arguments as in :meth:`Difftre.add_statepoint`. Returns the state
+        point's index."""
+        state_kwargs, reference_state = statepoint_inputs(state_kwargs, reference_state)
+        template = energy_fn_template or self.energy_fn_template
+        if template is None:
+            raise ValueError("add_statepoint needs an energy_fn_template (or give one to "
+                             "RelativeEntropy).")
+        index = len(self.statepoints)
+        R0 = np.asarray(reference_state)
+        data = ReferenceFrames(reference_data, R0.shape[-2:], R0.dtype, reference_batch_size,
+                               f"State point {index}")
+        fns = self._shared_functions(template, simulator_template, neighbor_fn, timings,
+                                     vmap_batch)
+        sp = self._add(fns, state_kwargs, reference_state, {}, {}, timings.n_snapshots, data=data)
+        self.state = self.state.replace(s_rel=[*self.state.s_rel, 0.0])
+        self._check_statepoints(f"add_statepoint of state point {sp.index}")
+        if initialize_traj:
+            self.initialize_trajstates(1, statepoints=[sp.index])
+        return sp.index
+
+    def _shared_functions(self, *inputs):
+        """One compiled set per distinct (potential, simulator, neighbor list,
+        timings, vmap_batch): state points that share them compile once."""
+        for known, fns in self._functions:
+            if all(a is b for a, b in zip(known, inputs)):
+                return fns
+        fns = RelativeEntropyFunctions(*inputs)
+        self._functions.append((inputs, fns))
+        return fns
+
+    # -- the per-state-point numbers of the shared loop --------------------------
+    def _reference(self, sp, stream: int = 2):
+        """This update's reference batch of ``sp`` for the gradient (stream 2)
+        or the change estimate (stream 3), drawn from a key of the state
+        point and the update count only."""
+        cached = self._reference_batch.get((sp.index, stream))
+        if cached is None or cached[0] != self.update_count:
+            key = dt.statepoint_key(jax.random.fold_in(self.key, stream), sp.index,
+                                    self.update_count)
+            rows = re_fns.reference_batch_indices(key, sp.data.n, sp.data.batch_size)
+            cached = (self.update_count, sp.data.take(rows))
+            self._reference_batch[(sp.index, stream)] = cached
+        return cached[1]
+
+    def _on_reference_frames(self, sp, R, fn):
+        """``fn(nbrs)`` (returning ``(result, per-frame overflow)``) with the
+        state point's reference neighbor list, allocated on the first
+        overflowing frame and evaluated again until every frame fits."""
+        for _ in range(len(R) + 1):
+            nbrs = self._data_nbrs.get(sp.index)
+            if nbrs is None:
+                nbrs = self._data_nbrs[sp.index] = sp.neighbor_fn.allocate(R[0])
+            result, overflow = fn(nbrs)
+            bad = np.flatnonzero(np.asarray(overflow))
+            if not len(bad):
+                return result
+            self._data_nbrs[sp.index] = sp.neighbor_fn.allocate(R[int(bad[0])])
+        raise RuntimeError(f"State point {sp.name}: the neighbor list of the reference frames "
+                           f"still overflows after growing it for every frame.")
+
+    def _statepoint_result(self, sp, params, trajs):
+        R = self._reference(sp)
+
+        def evaluate(nbrs):
+            (value, aux), grad = sp.fns.loss_and_grad(params, du.chains_of(trajs),
+                                                      du.energies_of(trajs), R, nbrs,
+                                                      sp.state_kwargs)
+            return ((value, dict(aux, predictions={}, parts={})), grad), aux["data_overflow"]
+        return self._on_reference_frames(sp, R, evaluate)
+
+    def _contributions(self, batch, out, params):
+        mine = du.contributions(batch, out, params, [], [{} for _ in batch])
+        mine["grad_norm"] = np.array([_norm(out[i]["grad"]) if i in out else 0.0 for i in batch])
+        return mine
+
+    def _records(self, summed, batch, out, new_params):
+        params = self.params
+        def changes():
+            delta = np.zeros(len(batch))
+            for j, i in enumerate(batch):
+                if i in out:
+                    sp, aux = self.statepoints[i], out[i]["aux"]
+                    R = self._reference(sp, 3)
+                    delta[j] = float(self._on_reference_frames(sp, R, lambda nbrs: sp.fns.change(
+                        params, new_params, du.chains_of(self.trajstates[i]), aux["U"],
+                        aux["weights"], R, nbrs, sp.state_kwargs)))
+            return delta
+        delta = self.strategy.host_sum(self._agree(changes, "estimating the relative-entropy "
+                                                            "change"))
+        s_rel, records = list(self.state.s_rel), {}
+        for j, i in enumerate(batch):
+            s_rel[i] += float(delta[j])
+            records[i] = {"statepoint": i, "update": self.update_count, "loss": s_rel[i],
+                          "delta_s_rel": float(delta[j]),
+                          "grad_norm": float(summed["grad_norm"][j]),
+                          "n_eff": float(summed["n_eff_start"][j]),
+                          "n_snapshots": self.statepoints[i].n_snapshots,
+                          "recomputed": bool(summed["recomputed"][j])}
+        self.state = self.state.replace(s_rel=s_rel)
+        return float(np.mean([s_rel[i] for i in batch])), records
+
+    def _preflight(self, sp, trajs):
+        """DiffTRe's first-configuration check, then: NVT only, and the first
+        reference frame has a finite energy on a list that holds it."""
+        if sp.index not in sp.fns.checked:
+            first = jax.tree.map(lambda x: x[0], trajs[0].snapshots)
+            if is_npt(first):
+                raise ValueError(f"State point {sp.name}: RelativeEntropy assumes a fixed box "
+                                 f"(NVT); the simulator gives NPT states. Use an NVT simulator "
+                                 f"such as jax_md.simulate.nvt_langevin.")
+            R = sp.data.take(np.arange(1))
+            U = self._on_reference_frames(sp, R, lambda nbrs: sp.fns.reference_energies(
+                self.params, R, nbrs, sp.state_kwargs))
+            if not np.isfinite(np.asarray(U)).all():
+                raise ValueError(f"State point {sp.name}: the energy of reference frame 0 is "
+                                 f"{float(np.asarray(U)[0])}; check that reference_data uses "
+                                 f"the model's units (nm) and box.")
+        super()._preflight(sp, trajs)
+
+    @collective
+    def plot(self, path: str) -> None:
+        """Plot the estimated relative-entropy change, the gradient norm and
+        N_eff / N per update into ``path``."""
+        on_root(self.strategy, lambda: plot_history(self.history, path), only_root=True)
+
+
+def _norm(tree) -> float:
+    return math.sqrt(sum(float(np.sum(np.square(g))) for g in jax.tree.leaves(tree)))
+
+
+def plot_history(history, path: str) -> None:
+    """Three panels over the updates of ``history``: each state point's
+    relative-entropy change, the norm of the mean gradient, N_eff / N."""
+    from matplotlib.figure import Figure
+    if not history:
+        raise RuntimeError("Nothing to plot yet: train first.")
+    fig = Figure(figsize=(12.0, 3.2), constrained_layout=True)
+    ax_s, ax_g, ax_n = fig.subplots(1, 3)
+    by_sp: dict = {}
+    for epoch in history:
+        for r in epoch["statepoints"]:
+            by_sp.setdefault(r["statepoint"], []).append(r)
+    for i, rows in sorted(by_sp.items()):
+        x = [r["update"] for r in rows]
+        ax_s.plot(x, [r["loss"] for r in rows], label=f"state point {i}")
+        ax_n.plot(x, [r["n_eff"] / r["n_snapshots"] for r in rows], label=f"state point {i}")
+    norms = [n for epoch in history for n in epoch.get("grad_norms", [])]
+    ax_g.semilogy(range(len(norms)), norms)
+    for ax, label in ((ax_s, "S_rel - S_rel(initial)"), (ax_g, "gradient norm"),
+                      (ax_n, "N_eff / N")):
+        ax.set_xlabel("update")
+        ax.set_ylabel(label)
+    ax_s.legend(fontsize=7)
+    fig.savefig(path, dpi=110)
