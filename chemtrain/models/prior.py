@@ -1,0 +1,93 @@
+"""Prior potentials and sums of energy templates.
+
+A machine-learned potential trained on ensemble averages (DiffTRe) or
+relative entropy rarely sees configurations with overlapping particles, so
+it is usually given a physical *prior* that keeps particles apart: the sum
+``prior + ML`` is trained, often with the prior's parameters fixed.
+
+- :func:`repulsive_template`: ``epsilon (sigma / r)^12``, smoothly switched
+  off between ``r_onset`` and ``r_cutoff`` (upstream chemtrain's repulsive
+  prior). The pair, bond and Lennard-Jones templates of
+  :mod:`chemtrain.models.pair` serve as priors too.
+- :func:`sum_templates`: ``{"prior": template, "mace": template}`` -> one
+  template on parameters ``{"prior": ..., "mace": ...}`` whose energy is the
+  sum.
+- :func:`freeze`: an optimizer that leaves named top-level entries of the
+  parameters unchanged (``optax.multi_transform`` with zero updates).
+"""
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+import optax
+
+from .pair import _box, pair_energy
+from .template import EnergyTemplate, as_template
+
+
+def repulsive_template(displacement_fn: Callable, r_cutoff: float,
+                       r_onset: float | None = None) -> Callable:
+    """The repulsion ``epsilon (sigma / r)^12`` with parameters ``{'sigma',
+    'epsilon'}`` (nm, kJ/mol), multiplied by jax-md's smooth switch from 1 at
+    ``r_onset`` (default 0.9 ``r_cutoff``) to 0 at ``r_cutoff``; summed over
+    the pairs of a neighbor list or graph."""
+    from jax_md import energy as jmd_energy
+    r_onset = 0.9 * r_cutoff if r_onset is None else r_onset
+    if not 0 < r_onset < r_cutoff:
+        raise ValueError(f"repulsive_template needs 0 < r_onset < r_cutoff, got r_onset="
+                         f"{r_onset} and r_cutoff={r_cutoff}.")
+    switched = jmd_energy.multiplicative_isotropic_cutoff(
+        lambda r, sigma, epsilon: epsilon * (sigma / r) ** 12, r_onset, r_cutoff)
+
+    def template(params):
+        def energy_fn(positions, neighbor, **kwargs):
+            return pair_energy(lambda r: switched(r, params["sigma"], params["epsilon"]),
+                               displacement_fn, positions, neighbor, **_box(kwargs))
+        return energy_fn
+    return template
+
+
+def sum_templates(templates: Mapping[str, Callable]) -> EnergyTemplate:
+    """One template whose energy is the sum of ``templates`` (name ->
+    template), on parameters ``{name: that template's parameters}``. Every
+    part receives the positions, the neighbor list and all keyword
+    arguments. The sum keeps shard_map's varying-axis check only if every
+    part can, and checks datasets with every part's check."""
+    if not isinstance(templates, Mapping) or not templates:
+        raise ValueError(f"sum_templates needs a non-empty dict {{name: template}}, got "
+                         f"{templates!r}.")
+    parts = {str(name): as_template(t) for name, t in templates.items()}
+
+    def fn(params):
+        missing = sorted(set(parts) - set(params)) if isinstance(params, Mapping) else None
+        if missing is None or missing:
+            raise ValueError(f"The parameters of a sum of templates are a dict with one entry per "
+                             f"part {sorted(parts)}; "
+                             + (f"missing {missing}." if missing else
+                                f"got {type(params).__name__}."))
+        energies = {name: t(params[name]) for name, t in parts.items()}
+
+        def energy_fn(positions, neighbor=None, **kwargs):
+            return sum(e(positions, neighbor=neighbor, **kwargs) for e in energies.values())
+        return energy_fn
+
+    checks = [t.validate_dataset for t in parts.values() if t.validate_dataset is not None]
+
+    def validate(data):
+        for check in checks:
+            check(data)
+    return EnergyTemplate(fn, check_vma=all(t.check_vma for t in parts.values()),
+                          validate_dataset=validate if checks else None)
+
+
+def freeze(optimizer: optax.GradientTransformation, params: Mapping,
+           frozen: Sequence[str]) -> optax.GradientTransformation:
+    """``optimizer`` for the entries of ``params`` not named in ``frozen``;
+    the named top-level entries get zero updates, so they stay bitwise
+    unchanged (e.g. ``freeze(optax.adam(1e-3), params, ["prior"])``)."""
+    unknown = sorted(set(frozen) - set(params))
+    if unknown:
+        raise ValueError(f"freeze: {unknown} are not entries of the parameters "
+                         f"{sorted(params)}.")
+    labels = {k: "frozen" if k in frozen else "trained" for k in params}
+    return optax.multi_transform({"trained": optimizer, "frozen": optax.set_to_zero()}, labels)

@@ -1,0 +1,219 @@
+"""``InterleaveTrainers`` (upstream chemtrain's name and call pattern): one
+parameter set trained in turns by several trainers, e.g. force matching on
+reference forces and DiffTRe or relative entropy on ensemble data (fused
+data training).
+
+    fused = InterleaveTrainers(checkpoint_base_path="runs/fused")
+    fused.add_trainer(fm_trainer, num_updates=1, name="FM")
+    fused.add_trainer(difftre_trainer, num_updates=1, name="DiffTRe")
+    fused.train(max_epochs)
+
+Each fused epoch gives every trainer its turn in the order added: it
+receives the current parameters (``trainer.params = ...``, checked and sent
+from the root on every process), trains ``num_updates`` of its own epochs
+and hands its parameters on. Each trainer keeps its own optimizer state,
+history and (DiffTRe) trajectories. Nothing here knows how a trainer is
+parallelised: under MPI every rank runs every turn, and a failure in any
+trainer ends every rank as it does alone.
+
+A checkpoint of epoch k is a folder ``epoch_0000k`` holding each trainer's
+own checkpoint (``<name>.npz``: parameters, optimizer state, histories,
+trajectory states) and, written last, ``fused.npz`` (the fused epoch, the
+turn order and the fused history): plain data throughout, and a folder
+without ``fused.npz`` is an incomplete checkpoint that :meth:`restore`
+refuses.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..checkpoint import CheckpointError
+from ..parallel import on_root
+from .report import Reporter, check_epochs
+from .services import CheckpointStore, collective
+
+MARKER = "fused.npz"
+
+
+class InterleaveTrainers:
+    """Trainers that share one parameter set, trained in turns.
+
+    Args:
+      checkpoint_base_path: folder of the fused epoch checkpoints.
+      log_file: JSON-lines file, one line per trainer part per fused epoch
+        (``epoch``, ``trainer``, its ``loss`` and ``val_loss`` if any, its
+        own epoch count, the time of its turn).
+      plot_file: where :meth:`train` writes the plot of every trainer's
+        loss per fused epoch at its end.
+      progress: the fused epochs' progress bar (each trainer shows its own).
+    """
+
+    def __init__(self, checkpoint_base_path: str = "checkpoints/fused",
+                 log_file: str | None = None, plot_file: str | None = None,
+                 progress: bool = True):
+        self.folder = os.fspath(checkpoint_base_path)
+        self.log_file, self.plot_file, self.progress = log_file, plot_file, progress
+        self.parts: list[tuple[str, Any, int]] = []   # (name, trainer, num_updates)
+        self.epoch = 0
+        self.history: list[dict] = []   # one record per trainer part per fused epoch
+        self.store = self.reporter = None
+
+    # -- building -----------------------------------------------------------
+    def add_trainer(self, trainer, num_updates: int = 1, name: str | None = None) -> None:
+        """Add a trainer; it trains ``num_updates`` of its epochs per turn.
+        Its parameters must have the structure, shapes and dtypes of the
+        first trainer's (they are replaced by the shared ones at its first
+        turn)."""
+        for attr in ("params", "train", "save_checkpoint", "restore", "history", "strategy"):
+            if not hasattr(trainer, attr):
+                raise TypeError(f"add_trainer needs a chemtrain trainer (ForceMatching, "
+                                f"Difftre, DifftreParallel, RelativeEntropy); "
+                                f"{type(trainer).__name__} has no {attr!r}.")
+        if isinstance(num_updates, bool) or not isinstance(num_updates, (int, np.integer)) \
+                or num_updates < 1:
+            raise ValueError(f"num_updates must be a positive whole number (the trainer's epochs "
+                             f"per turn), got {num_updates!r}.")
+        name = f"trainer{len(self.parts)}" if name is None else str(name)
+        if name in [n for n, _, _ in self.parts] or not name or "/" in name or name == "fused":
+            raise ValueError(f"Trainer names must be unique, non-empty, without '/' and not "
+                             f"'fused'; got {name!r} (have {[n for n, _, _ in self.parts]}).")
+        if self.parts:
+            first_name, first, _ = self.parts[0]
+            if trainer.strategy.process_count != first.strategy.process_count:
+                raise ValueError(f"Trainer {name!r} runs on {trainer.strategy.process_count} "
+                                 f"process(es), {first_name!r} on "
+                                 f"{first.strategy.process_count}: interleaved trainers must run "
+                                 f"on the same ranks.")
+            _check_like(first.params, trainer.params, first_name, name)
+        else:
+            self.store = CheckpointStore(trainer.strategy, self.folder, "InterleaveTrainers",
+                                         replicated=())
+            self.reporter = Reporter(trainer.strategy, self.log_file, self.progress)
+        self.parts.append((name, trainer, int(num_updates)))
+
+    @property
+    def strategy(self):
+        return self.parts[0][1].strategy
+
+    @property
+    def params(self):
+        """The shared parameters: those of the trainer that trained last (the
+        last one added, after a completed fused epoch; the first one's before
+        any training)."""
+        if not self.parts:
+            raise RuntimeError("No trainers yet: add_trainer() first.")
+        return (self.parts[-1] if self.epoch else self.parts[0])[1].params
+
+    # -- training -----------------------------------------------------------
+    @collective
+    def train(self, max_epochs: int, checkpoint_freq: int | None = None) -> None:
+        """Train ``max_epochs`` more fused epochs; checkpoint every
+        ``checkpoint_freq`` of them; write the plot at the end if
+        ``plot_file`` was given."""
+        if not self.parts:
+            raise RuntimeError("No trainers yet: add_trainer() first.")
+        check_epochs(max_epochs, checkpoint_freq)
+        if checkpoint_freq:
+            self.store.check_folder(self.epoch)
+        self.reporter.claim(self.store.run_id)
+        for epoch in self.reporter.epochs(self.epoch, max_epochs):
+            params = self.params
+            for name, trainer, n in self.parts:
+                started = time.perf_counter()
+                trainer.params = params
+                trainer.train(n)
+                params = trainer.params
+                last = trainer.history[-1]
+                record = {"epoch": epoch, "trainer": name, "trainer_epoch": trainer.epoch,
+                          "loss": last.get("loss", last.get("train_loss"))}
+                if "val_loss" in last:
+                    record["val_loss"] = last["val_loss"]
+                record["time_s"] = trainer.strategy.host_max(time.perf_counter() - started)
+                self.reporter.report(record, f"fused epoch {epoch}, {name}: loss "
+                                             f"{record['loss']:.5g} ({record['time_s']:.1f} s)")
+                self.history.append(record)
+            self.epoch = epoch + 1
+            if checkpoint_freq and self.epoch % checkpoint_freq == 0:
+                self.save_checkpoint(os.path.join(self.folder, f"epoch_{self.epoch:05d}"))
+        if self.plot_file:
+            self.plot(self.plot_file)
+
+    # -- files ----------------------------------------------------------------
+    @collective
+    def save_checkpoint(self, path: str) -> None:
+        """Write the folder ``path``: every trainer's checkpoint, then the
+        fused state (atomically, root process)."""
+        on_root(self.strategy, lambda: os.makedirs(path, exist_ok=True), only_root=True)
+        for name, trainer, _ in self.parts:
+            trainer.save_checkpoint(os.path.join(path, f"{name}.npz"))
+        self.store.save(os.path.join(path, MARKER), {}, self._meta())
+
+    def _meta(self) -> dict:
+        return {"epoch": self.epoch, "trainers": [[n, k] for n, _, k in self.parts],
+                "history": self.history}
+
+    @collective
+    def restore(self, path: str) -> None:
+        """Continue from a checkpoint folder written by :meth:`save_checkpoint`
+        (the same trainers, names and ``num_updates``, in the same order)."""
+        marker = os.path.join(path, MARKER)
+        exists = on_root(self.strategy, lambda: os.path.exists(marker), share=True, only_root=True)
+        if not exists:
+            raise CheckpointError(f"{path!r} is not a complete InterleaveTrainers checkpoint: "
+                                  f"{MARKER} is missing (it is written last, after every "
+                                  f"trainer's file). Restore an earlier epoch's folder.")
+        want = self._meta()["trainers"]
+
+        def check(meta):
+            if meta.get("trainers") != want:
+                raise CheckpointError(f"{marker!r} was written for the trainers "
+                                      f"{meta.get('trainers')} ([name, num_updates] in turn "
+                                      f"order); this run has {want}.")
+        meta, _ = self.store.load(marker, {}, check)
+        for name, trainer, _ in self.parts:
+            trainer.restore(os.path.join(path, f"{name}.npz"))
+        self.epoch, self.history = int(meta["epoch"]), list(meta["history"])
+
+    @collective
+    def plot(self, path: str) -> None:
+        """Each trainer's loss per fused epoch, one panel per trainer."""
+        on_root(self.strategy, lambda: plot_history(self.history, [n for n, _, _ in self.parts],
+                                                    path), only_root=True)
+
+
+def _check_like(want, got, want_name, got_name) -> None:
+    """``got`` has the pytree structure, shapes and dtypes of ``want``."""
+    if jax.tree.structure(want) != jax.tree.structure(got):
+        raise ValueError(f"Trainer {got_name!r} has parameters of another structure than "
+                         f"{want_name!r}: {jax.tree.structure(got)} against "
+                         f"{jax.tree.structure(want)}. Interleaved trainers share one "
+                         f"parameter set.")
+    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(want)[0], jax.tree.leaves(got)):
+        if np.shape(a) != np.shape(b) or np.asarray(a).dtype != np.asarray(b).dtype:
+            raise ValueError(f"Parameter {jax.tree_util.keystr(path)}: {want_name!r} has shape "
+                             f"{np.shape(a)} and dtype {np.asarray(a).dtype}, {got_name!r} "
+                             f"{np.shape(b)} and {np.asarray(b).dtype}.")
+
+
+def plot_history(history, names, path: str) -> None:
+    from matplotlib.figure import Figure
+    if not history:
+        raise RuntimeError("Nothing to plot yet: train first.")
+    fig = Figure(figsize=(4.0 * len(names), 3.0), constrained_layout=True)
+    axes = np.atleast_1d(fig.subplots(1, len(names)))
+    for ax, name in zip(axes, names):
+        rows = [r for r in history if r["trainer"] == name]
+        ax.plot([r["epoch"] for r in rows], [r["loss"] for r in rows], "o-", label="loss")
+        if any("val_loss" in r for r in rows):
+            ax.plot([r["epoch"] for r in rows], [r.get("val_loss", np.nan) for r in rows], "s--",
+                    label="validation")
+            ax.legend(fontsize=7)
+        ax.set_title(name)
+        ax.set_xlabel("fused epoch")
+        ax.set_ylabel("loss")
+    fig.savefig(path, dpi=110)

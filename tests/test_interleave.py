@@ -1,0 +1,83 @@
+"""InterleaveTrainers: force matching and relative entropy on one parameter
+set (tests/_support/fused_systems.py). One fused epoch equals the turns run
+by hand; resume is bitwise; incomplete or foreign checkpoints are refused;
+mpirun -np 2 equals one process."""
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+import mp
+from chemtrain.checkpoint import CheckpointError
+from fused_systems import fused
+
+
+@pytest.fixture(autouse=True)
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+def host(params):
+    return {k: np.asarray(v) for k, v in params.items()}
+
+
+def test_one_fused_epoch_equals_the_turns_by_hand(tmp_path):
+    together, fm, re_trainer = fused(str(tmp_path / "a"), log_file=str(tmp_path / "f.jsonl"),
+                                     plot_file=str(tmp_path / "f.png"))
+    together.train(1)
+    _, fm2, re2 = fused(str(tmp_path / "b"))
+    fm2.train(1)
+    re2.params = fm2.params
+    re2.train(2)
+    for k, v in host(re2.params).items():
+        np.testing.assert_allclose(host(together.params)[k], v, rtol=1e-12, atol=0)
+    assert host(fm.params) != host(together.params)   # RE moved them after FM
+    lines = [json.loads(x) for x in (tmp_path / "f.jsonl").read_text().splitlines()]
+    assert [(r["epoch"], r["trainer"]) for r in lines] == [(0, "FM"), (0, "RE")]
+    assert (tmp_path / "f.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="unique"):
+        together.add_trainer(fm, name="FM")
+
+
+def test_resume_is_bitwise(tmp_path):
+    full, _, _ = fused(str(tmp_path / "a"))
+    full.train(3, checkpoint_freq=1)
+    resumed, fm, re_trainer = fused(str(tmp_path / "b"))
+    resumed.restore(os.path.join(str(tmp_path / "a"), "fused", "epoch_00001"))
+    assert resumed.epoch == 1 and fm.epoch == 1 and re_trainer.epoch == 2
+    resumed.train(2)
+    for k, v in host(full.params).items():
+        assert host(resumed.params)[k].tobytes() == v.tobytes()
+    def numbers(history):
+        return [{k: v for k, v in r.items() if k != "time_s"} for r in history]
+    assert numbers(resumed.history) == numbers(full.history)
+
+    incomplete = str(tmp_path / "incomplete")
+    shutil.copytree(os.path.join(str(tmp_path / "a"), "fused", "epoch_00002"), incomplete)
+    os.remove(os.path.join(incomplete, "fused.npz"))
+    other, _, _ = fused(str(tmp_path / "c"))
+    with pytest.raises(CheckpointError, match="fused.npz is missing"):
+        other.restore(incomplete)
+    swapped, fm3, re3 = fused(str(tmp_path / "d"))
+    swapped.parts.reverse()
+    with pytest.raises(CheckpointError, match=r"was written for the trainers \[\['FM', 1\]"):
+        swapped.restore(os.path.join(str(tmp_path / "a"), "fused", "epoch_00001"))
+
+
+def test_two_ranks_equal_one_process(tmp_path):
+    together, _, _ = fused(str(tmp_path / "single"), kTs=(2.56, 3.0))
+    together.train(2)
+    want = host(together.params)
+    out = tmp_path / "mpi"
+    out.mkdir()
+    rc, log, _ = mp.mpirun(2, [os.path.join(mp.HERE, "mp_fused.py"), "--out", str(out)],
+                           timeout=600)
+    assert rc == 0, log[-4000:]
+    for rank in range(2):
+        got = json.loads((out / f"fused_{rank}.json").read_text())
+        for k, v in want.items():
+            assert abs(got[k] - float(v)) <= 1e-6 * abs(float(v)), (rank, k, got[k], v)

@@ -1,0 +1,77 @@
+"""Priors (chemtrain.models.prior): the repulsive prior against its formula,
+sums of templates against their parts, and a frozen prior that stays
+bitwise unchanged while the rest trains (relative entropy on the bonded
+molecules of examples/relative_entropy)."""
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax_md import partition, space
+
+from chemtrain.models import freeze, lennard_jones_template, repulsive_template, sum_templates
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples",
+                                "relative_entropy"))
+import cg_bond_and_lj as ex  # noqa: E402
+
+BOX = 5.0
+
+
+def pair_at(r):
+    return jnp.array([[1.0, 1.0, 1.0], [1.0 + r, 1.0, 1.0]])
+
+
+@pytest.fixture(scope="module")
+def system():
+    displacement, _ = space.periodic(BOX)
+    nbr_fn = partition.neighbor_list(displacement, BOX, 1.0,
+                                     format=partition.NeighborListFormat.Dense)
+    return displacement, nbr_fn
+
+
+def energy(template, params, nbr_fn, r):
+    R = pair_at(r)
+    return float(template(params)(R, neighbor=nbr_fn.allocate(R)))
+
+
+def test_repulsive_prior_is_its_formula_and_switches_off(system):
+    displacement, nbr_fn = system
+    prior = repulsive_template(displacement, r_cutoff=0.8, r_onset=0.6)
+    p = {"sigma": 0.3, "epsilon": 1.5}
+    for r in (0.25, 0.4, 0.59):   # below the onset: the bare repulsion
+        assert energy(prior, p, nbr_fn, r) == pytest.approx(1.5 * (0.3 / r) ** 12, rel=1e-6)
+    assert energy(prior, p, nbr_fn, 0.81) == 0.0
+    inside = [energy(prior, p, nbr_fn, r) for r in np.linspace(0.6, 0.8, 21)]
+    assert np.all(np.diff(inside) <= 0) and inside[-1] == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="0 < r_onset < r_cutoff"):
+        repulsive_template(displacement, r_cutoff=0.8, r_onset=0.9)
+
+
+def test_sum_of_templates_is_the_sum_of_its_parts(system):
+    displacement, nbr_fn = system
+    lj = lennard_jones_template(displacement, 0.9)
+    prior = repulsive_template(displacement, 0.8)
+    both = sum_templates({"prior": prior, "lj": lj})
+    p = {"prior": {"sigma": 0.3, "epsilon": 1.0}, "lj": {"sigma": 0.34, "epsilon": 0.99}}
+    for r in (0.3, 0.38, 0.7):
+        want = energy(prior, p["prior"], nbr_fn, r) + energy(lj, p["lj"], nbr_fn, r)
+        assert energy(both, p, nbr_fn, r) == pytest.approx(want, rel=1e-12)
+    with pytest.raises(ValueError, match=r"missing \['lj'\]"):
+        both({"prior": p["prior"]})
+    with pytest.raises(ValueError, match=r"not entries of the parameters"):
+        freeze(optax.sgd(0.1), p, ["priors"])
+
+
+def test_frozen_prior_stays_bitwise_unchanged(tmp_path):
+    with jax.enable_x64(True):
+        tr, _ = ex.bond_trainer(0, frames=50, production=2.0, prior=True, progress=False,
+                                checkpoint_path=str(tmp_path))
+        before = jax.tree.map(np.asarray, tr.params)
+        tr.train(3)
+    for k, v in before["prior"].items():
+        assert np.asarray(tr.params["prior"][k]).tobytes() == v.tobytes()
+    assert abs(float(tr.params["bond"]["r_0"]) - 0.30) > 1e-3
