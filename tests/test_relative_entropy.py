@@ -181,3 +181,26 @@ def test_bad_reference_data_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"reference frame\(s\) \[4\] hold NaN"):
         add(bad)
     assert tr.n_statepoints == 1
+
+
+def test_reference_frames_from_hdf5_equal_the_array(tmp_path):
+    import h5py
+    from chemtrain.data import HDF5ParallelDataLoader
+    frames = ex.exact_bond_frames(40, 5)
+    path = str(tmp_path / "ref.h5")
+    with h5py.File(path, "w") as f:
+        f["R"] = frames
+    params = []
+    for name, data in (("array", frames), ("file", HDF5ParallelDataLoader(path, keys=["R"]))):
+        tr, _ = ex.bond_trainer(0, reference_data=data, production=1.0, progress=False,
+                                checkpoint_path=str(tmp_path / name))
+        tr.train(2)
+        params.append({k: np.asarray(v).tobytes() for k, v in tr.params.items()})
+    assert params[0] == params[1]
+    with h5py.File(path, "a") as f:
+        f["R"][7, 2, 0] = np.nan
+    tr, _ = ex.bond_trainer(0, reference_data=HDF5ParallelDataLoader(path, keys=["R"]),
+                            production=1.0, progress=False, checkpoint_path=str(tmp_path / "n"),
+                            initialize=False)
+    with pytest.raises(ValueError, match=r"reference frame\(s\) \[7\] hold NaN"):
+        tr.statepoints[0].data.take(np.arange(10))

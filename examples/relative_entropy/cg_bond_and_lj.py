@@ -71,12 +71,15 @@ def exact_bond_frames(n_frames, seed, r_0=BOND["r_0"], b=BOND["b"], kT=BOND["kT"
 
 
 def bond_trainer(seed=0, updates=200, kTs=(BOND["kT"],), frames=1000, production=10.0,
-                 optimizer=None, prior=False, **options):
+                 optimizer=None, prior=False, reference_data=None, initialize=True,
+                 **options):
     """(trainer, truth) of system (a), one state point per ``kTs`` entry
     (``frames`` reference configurations each, trajectories of
     ``production`` ps); ``options`` go to RelativeEntropy. With ``prior``
     the model is a frozen repulsive prior plus the bond (parameters
-    ``{'prior': ..., 'bond': ...}``), as one trains an ML potential."""
+    ``{'prior': ..., 'bond': ...}``), as one trains an ML potential.
+    ``reference_data`` replaces the first state point's drawn frames (an
+    array or a loader); ``initialize=False`` samples no trajectory yet."""
     box, m = BOND["box"], BOND["molecules"]
     displacement, shift = space.periodic(box)
     base = harmonic_bond_template(displacement, [[2 * i, 2 * i + 1] for i in range(m)])
@@ -99,10 +102,12 @@ def bond_trainer(seed=0, updates=200, kTs=(BOND["kT"],), frames=1000, production
                                   gamma=2.0)
     for i, kT in enumerate(kTs):
         reference = exact_bond_frames(frames, seed + 100 * i, kT=kT)
-        trainer.add_statepoint(reference, template, simulator, neighbor_fn,
+        data = reference_data if i == 0 and reference_data is not None else reference
+        trainer.add_statepoint(data, template, simulator, neighbor_fn,
                                process_printouts(0.01, production + 1.0, 1.0, 0.1),
                                {"kT": kT, "mass": BOND["mass"]}, reference[0],
-                               reference_batch_size=min(100, frames))
+                               reference_batch_size=min(100, data.n if hasattr(data, "n") else len(data)),
+                               initialize_traj=initialize)
     return trainer, {"r_0": BOND["r_0"], "b": BOND["b"]}
 
 
