@@ -191,7 +191,7 @@ class HDF5ParallelDataLoader:
             out[k] = (rows[0] if len(rows) == 1 else np.concatenate(rows))[inverse]
         return self._cast(out)
 
-    def read(self, idx) -> dict:
+    def read_indices(self, idx) -> dict:
         """Rows ``idx`` of every dataset, read now (for a trainer that draws
         its own rows, e.g. relative entropy's reference batches)."""
         with self._open() as f:

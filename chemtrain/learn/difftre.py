@@ -23,6 +23,13 @@ keys derive from the state-point index and the update count only.
 """
 from __future__ import annotations
 
+__all__ = ["reweighting_weights", "effective_sample_size", "needs_recompute", "weighted_mean",
+           "traj_mean", "mse", "resolve_observables", "statepoint_loss", "map_in_chunks",
+           "snapshot_fn", "make_snapshot_evaluator", "potential_dependent", "make_statepoint_head",
+           "make_statepoint_loss", "make_neff_fn", "step_size_candidates", "scaled_params",
+           "step_size_violations", "choose_step_size", "statepoint_batches", "as_key",
+           "statepoint_key"]
+
 import math
 from typing import Callable, Mapping
 
@@ -31,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..ensemble import box_kwargs, energy_kwargs
+from .difftre_batches import as_key, statepoint_batches, statepoint_key
 
 # -- reweighting ----------------------------------------------------------
 
@@ -174,6 +182,22 @@ def map_in_chunks(fn, xs, batch_size):
     return jax.lax.map(fn, xs, batch_size=batch_size)
 
 
+def snapshot_fn(energy_fn_template: Callable | None, quantities: Mapping) -> Callable:
+    """Return ``one(params, nbrs0, snapshot, state_kwargs) -> (U, q,
+    overflow)``: one snapshot's energy under ``params`` (None without a
+    template), its ``quantities`` and whether the neighbor list ``nbrs0``,
+    updated to it, overflowed."""
+    def one(params, nbrs0, snapshot, state_kwargs):
+        energy_fn = energy_fn_template(params) if energy_fn_template is not None else _no_energy
+        nbrs = nbrs0.update(snapshot.position, **box_kwargs(snapshot))
+        U = None if energy_fn_template is None else energy_fn(
+            snapshot.position, neighbor=nbrs, **energy_kwargs(snapshot, state_kwargs))
+        q = {name: fn(snapshot, neighbor=nbrs, energy_fn=energy_fn, **state_kwargs)
+             for name, fn in quantities.items()}
+        return U, q, nbrs.did_buffer_overflow
+    return one
+
+
 def make_snapshot_evaluator(energy_fn_template: Callable | None,
                             quantities: Mapping | None = None,
                             vmap_batch: int | None = 10) -> Callable:
@@ -188,20 +212,11 @@ def make_snapshot_evaluator(energy_fn_template: Callable | None,
     quantities must not use the potential. ``vmap_batch`` snapshots are
     evaluated at once (None: all)."""
     quantities = dict(quantities or {})
+    one = snapshot_fn(energy_fn_template, quantities)
 
     def evaluate(params, chains, state_kwargs):
-        energy_fn = energy_fn_template(params) if energy_fn_template is not None else _no_energy
-
-        def one(nbrs0, snapshot):
-            nbrs = nbrs0.update(snapshot.position, **box_kwargs(snapshot))
-            U = None if energy_fn_template is None else energy_fn(
-                snapshot.position, neighbor=nbrs, **energy_kwargs(snapshot, state_kwargs))
-            q = {name: fn(snapshot, neighbor=nbrs, energy_fn=energy_fn, **state_kwargs)
-                 for name, fn in quantities.items()}
-            return U, q, nbrs.did_buffer_overflow
-
-        outs = [map_in_chunks(lambda s, nb=nbrs0: one(nb, s), snapshots, vmap_batch)
-                for snapshots, nbrs0 in chains]
+        outs = [map_in_chunks(lambda s, nb=nbrs0: one(params, nb, s, state_kwargs), snapshots,
+                              vmap_batch) for snapshots, nbrs0 in chains]
         U = None if energy_fn_template is None else jnp.concatenate([o[0] for o in outs])
         q = {name: jnp.concatenate([o[1][name] for o in outs]) for name in quantities}
         n_overflow = sum(jnp.sum(o[2]) for o in outs)
@@ -235,15 +250,43 @@ def potential_dependent(quantities: Mapping, snapshot, nbrs, state_kwargs: Mappi
     return dependent
 
 
+def make_statepoint_head(targets: Mapping, observables: Mapping, loss_fn: Callable | None = None,
+                         fixed: tuple = ()) -> Callable:
+    """Return ``head(U, qs, U_ref, target_values, state_kwargs, fixed_values)
+    -> (loss, aux)``: the DiffTRe loss of one state point from its
+    snapshots' energies ``U`` and quantities ``qs`` (plus the ``fixed``
+    ones in ``fixed_values``), as :func:`make_statepoint_loss` describes
+    (``aux`` without 'nbr_overflow'); ``observables`` resolved."""
+    def head(U, qs, U_ref, target_values, state_kwargs, fixed_values=None):
+        qs = dict(qs, **{k: fixed_values[k] for k in fixed})
+        weights = reweighting_weights(U, U_ref, state_kwargs["kT"])
+        predictions = {name: fn(qs, weights) for name, fn in observables.items()}
+        for name in targets:
+            got, want = jnp.shape(predictions[name]), jnp.shape(target_values[name])
+            if got != want:
+                raise ValueError(f"The observable {name!r} has shape {got} but its target has "
+                                 f"shape {want}; give targets[{name!r}]['target'] the shape of "
+                                 f"the observable (per state point).")
+        if loss_fn is None:
+            value, parts = statepoint_loss(predictions, targets, target_values)
+        else:
+            value, parts = _scalar(loss_fn(predictions, target_values), "loss_fn"), {}
+        return value, {"predictions": predictions, "parts": parts, "weights": weights,
+                       "n_eff": effective_sample_size(weights)}
+    return head
+
+
 def make_statepoint_loss(energy_fn_template: Callable, quantities: Mapping, targets: Mapping,
                          observables: Mapping | None = None, loss_fn: Callable | None = None,
                          vmap_batch: int | None = 10, fixed: tuple = ()) -> Callable:
     """Return ``loss(params, chains, U_ref, target_values, state_kwargs,
     fixed_values=None) -> (loss, aux)``: the DiffTRe loss of one state point
-    as a function of the parameters, to be differentiated with ``jax.grad``.
-    ``targets`` gives each target's 'gamma' and optional 'loss_fn' (a
-    'target' entry is ignored: ``target_values`` holds the values, so one
-    compiled loss serves every state point).
+    as a function of the parameters, to be differentiated with ``jax.grad``
+    (or, in memory that does not grow with the snapshots, by
+    :func:`chemtrain.learn.difftre_grad.make_value_and_grad`). ``targets``
+    gives each target's 'gamma' and optional 'loss_fn' (a 'target' entry is
+    ignored: ``target_values`` holds the values, so one compiled loss serves
+    every state point).
 
     Every snapshot's energy and quantities are evaluated under ``params``,
     except the quantities named in ``fixed`` (see
@@ -262,25 +305,12 @@ def make_statepoint_loss(energy_fn_template: Callable, quantities: Mapping, targ
         raise ValueError(f"fixed names unknown quantities {sorted(unknown)}.")
     evaluate = make_snapshot_evaluator(
         energy_fn_template, {k: v for k, v in quantities.items() if k not in fixed}, vmap_batch)
+    head = make_statepoint_head(targets, observables, loss_fn, fixed)
 
     def loss(params, chains, U_ref, target_values, state_kwargs, fixed_values=None):
         U, qs, n_overflow = evaluate(params, chains, state_kwargs)
-        qs = dict(qs, **{k: fixed_values[k] for k in fixed})
-        weights = reweighting_weights(U, U_ref, state_kwargs["kT"])
-        predictions = {name: fn(qs, weights) for name, fn in observables.items()}
-        for name in targets:
-            got, want = jnp.shape(predictions[name]), jnp.shape(target_values[name])
-            if got != want:
-                raise ValueError(f"The observable {name!r} has shape {got} but its target has "
-                                 f"shape {want}; give targets[{name!r}]['target'] the shape of "
-                                 f"the observable (per state point).")
-        if loss_fn is None:
-            value, parts = statepoint_loss(predictions, targets, target_values)
-        else:
-            value, parts = _scalar(loss_fn(predictions, target_values), "loss_fn"), {}
-        aux = {"predictions": predictions, "parts": parts, "weights": weights,
-               "n_eff": effective_sample_size(weights), "nbr_overflow": n_overflow}
-        return value, aux
+        value, aux = head(U, qs, U_ref, target_values, state_kwargs, fixed_values)
+        return value, dict(aux, nbr_overflow=n_overflow)
 
     return loss
 
@@ -335,60 +365,3 @@ def choose_step_size(candidates, violations) -> tuple[float, bool]:
         if violations[i] == 0:
             return float(candidates[i]), True
     return float(candidates[order[-1]]), False
-
-
-# -- batches and keys -------------------------------------------------------
-
-
-def statepoint_batches(n_statepoints: int, sim_batch_size: int) -> list[list[int]]:
-    """The state points of each update of an epoch, in order.
-
-    ``sim_batch_size=-1`` updates from all state points at once. A remainder
-    that does not fill a batch joins the batch before it, so every state
-    point is used exactly once per epoch."""
-    if n_statepoints < 1:
-        raise ValueError("There are no state points to train on.")
-    if isinstance(sim_batch_size, bool) or not isinstance(sim_batch_size, (int, np.integer)) \
-            or (sim_batch_size < 1 and sim_batch_size != -1):
-        raise ValueError(f"sim_batch_size must be a positive integer or -1 (all state points "
-                         f"in one update), got {sim_batch_size!r}.")
-    if sim_batch_size == -1:
-        return [list(range(n_statepoints))]
-    if sim_batch_size > n_statepoints:
-        raise ValueError(f"sim_batch_size={sim_batch_size} is larger than the number of state "
-                         f"points ({n_statepoints}); use at most {n_statepoints}, or -1 for all.")
-    n_full = n_statepoints // sim_batch_size
-    batches = [list(range(i * sim_batch_size, (i + 1) * sim_batch_size)) for i in range(n_full)]
-    batches[-1].extend(range(n_full * sim_batch_size, n_statepoints))
-    return batches
-
-
-def as_key(key):
-    """The trainer's base key as raw key data: ``None`` (seed 0), an integer
-    seed, a ``jax.random.PRNGKey`` or a new-style typed key."""
-    if key is None:
-        key = 0
-    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
-        return jnp.asarray(jax.random.PRNGKey(int(key)))
-    try:
-        arr = jnp.asarray(key)
-    except TypeError:
-        arr = None
-    if arr is not None and jnp.issubdtype(arr.dtype, jax.dtypes.prng_key):
-        return jax.random.key_data(arr)  # raw key data: plain numbers in saved states
-    if arr is None or arr.shape != (2,) or arr.dtype != jnp.uint32:
-        raise TypeError(f"key must be an integer seed or a JAX random key "
-                        f"(jax.random.PRNGKey(seed)), got {key!r}"
-                        + ("" if arr is None else f" of shape {arr.shape} and dtype {arr.dtype}")
-                        + ".")
-    return arr
-
-
-def statepoint_key(base_key, statepoint_index: int, update_count: int, chain: int = 0):
-    """The random key of one trajectory: a function of the run's base key,
-    the state point's global index, the number of updates done so far and
-    the chain, and of nothing that depends on the distribution over
-    processes."""
-    key = jax.random.fold_in(base_key, int(statepoint_index))
-    key = jax.random.fold_in(key, int(update_count))
-    return jax.random.fold_in(key, int(chain))

@@ -47,13 +47,13 @@ class RelativeEntropyFunctions(SimulationFunctions):
 
 class ReferenceFrames:
     """The reference configurations of one state point: an array (frames, N,
-    dim), or a loader with ``read(rows)`` and a ``schema`` holding ``'R'``
+    dim), or a loader with ``read_indices(rows)`` and a ``schema`` holding ``'R'``
     (:class:`chemtrain.data.HDF5ParallelDataLoader`), read batch by batch.
     Checked against the simulation's (N, dim); cast to its dtype."""
 
     def __init__(self, data, frame_shape, dtype, batch_size, where: str):
         self.where, self.dtype = where, np.dtype(dtype)
-        self.loader = data if hasattr(data, "read") and hasattr(data, "schema") else None
+        self.loader = data if hasattr(data, "read_indices") and hasattr(data, "schema") else None
         if self.loader is not None:
             if "R" not in self.loader.schema:
                 raise ValueError(f"{where}: the reference loader has no dataset 'R' (positions); "
@@ -106,7 +106,7 @@ class ReferenceFrames:
         """The frames ``rows``, checked finite, in the simulation's dtype."""
         if self.array is not None:
             return self.array[rows]
-        R = np.asarray(self.loader.read(rows)["R"]).astype(self.dtype, copy=False)
+        R = np.asarray(self.loader.read_indices(rows)["R"]).astype(self.dtype, copy=False)
         self.check_finite(R, rows)
         return R
 

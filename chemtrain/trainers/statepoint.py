@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..learn import difftre as dt
+from ..learn.difftre_grad import make_value_and_grad
 from ..simulate.trajectory import make_trajectory
 
 
@@ -65,9 +66,9 @@ class StatePointFunctions(SimulationFunctions):
         snapshot = jax.tree.map(lambda x: x[0], trajs[0].snapshots)
         dependent = dt.potential_dependent(quantities, snapshot, trajs[0].nbrs, state_kwargs)
         self.fixed = tuple(k for k in quantities if k not in dependent)
-        loss = dt.make_statepoint_loss(template, quantities, targets, observables, loss_fn,
-                                       vmap_batch, fixed=self.fixed)
-        self.loss_and_grad = jax.jit(jax.value_and_grad(loss, has_aux=True))
+        # two passes: peak memory grows with vmap_batch, not with the snapshots
+        self.loss_and_grad = jax.jit(make_value_and_grad(
+            template, quantities, targets, observables, loss_fn, vmap_batch, fixed=self.fixed))
         self.fixed_values = jax.jit(dt.make_snapshot_evaluator(
             None, {k: quantities[k] for k in self.fixed}, vmap_batch))
 
