@@ -15,3 +15,6 @@ for model in small medium; do
     || python3 benchmarks/mace_vs_torch.py --model "$model" --device cuda --repeats 20 --method naive 2>&1 \
         | grep -v -i warn | tee -a "$OUT/gpu_bench.log"
 done
+# DiffTRe on MACE (issue 20's probe): peak memory per vmap_batch, reweight against recompute
+python3 benchmarks/difftre_mace.py --snapshots 200 --big 2000 2>&1 \
+    | grep -v -i warn | tee -a "$OUT/gpu_bench.log"

@@ -41,6 +41,11 @@ def test_one_fused_epoch_equals_the_turns_by_hand(tmp_path):
     assert (tmp_path / "f.png").stat().st_size > 0
     with pytest.raises(ValueError, match="unique"):
         together.add_trainer(fm, name="FM")
+    from fused_systems import ex
+    nested, _ = ex.bond_trainer(0, frames=10, prior=True, initialize=False, progress=False,
+                                checkpoint_path=str(tmp_path / "nested"))
+    with pytest.raises(ValueError, match="another structure"):
+        together.add_trainer(nested, name="nested")
 
 
 def test_resume_is_bitwise(tmp_path):

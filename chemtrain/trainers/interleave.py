@@ -29,13 +29,13 @@ import os
 import time
 from typing import Any
 
-import jax
 import numpy as np
 
 from ..checkpoint import CheckpointError
 from ..parallel import on_root
 from .report import Reporter, check_epochs
 from .services import CheckpointStore, collective
+from .state import check_like
 
 MARKER = "fused.npz"
 
@@ -89,7 +89,8 @@ class InterleaveTrainers:
                                  f"process(es), {first_name!r} on "
                                  f"{first.strategy.process_count}: interleaved trainers must run "
                                  f"on the same ranks.")
-            _check_like(first.params, trainer.params, first_name, name)
+            check_like(first.params, trainer.params, f"trainer {first_name!r}'s parameters",
+                       f"trainer {name!r}'s parameters (interleaved trainers share one set)")
         else:
             self.store = CheckpointStore(trainer.strategy, self.folder, "InterleaveTrainers",
                                          replicated=())
@@ -184,20 +185,6 @@ class InterleaveTrainers:
         """Each trainer's loss per fused epoch, one panel per trainer."""
         on_root(self.strategy, lambda: plot_history(self.history, [n for n, _, _ in self.parts],
                                                     path), only_root=True)
-
-
-def _check_like(want, got, want_name, got_name) -> None:
-    """``got`` has the pytree structure, shapes and dtypes of ``want``."""
-    if jax.tree.structure(want) != jax.tree.structure(got):
-        raise ValueError(f"Trainer {got_name!r} has parameters of another structure than "
-                         f"{want_name!r}: {jax.tree.structure(got)} against "
-                         f"{jax.tree.structure(want)}. Interleaved trainers share one "
-                         f"parameter set.")
-    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(want)[0], jax.tree.leaves(got)):
-        if np.shape(a) != np.shape(b) or np.asarray(a).dtype != np.asarray(b).dtype:
-            raise ValueError(f"Parameter {jax.tree_util.keystr(path)}: {want_name!r} has shape "
-                             f"{np.shape(a)} and dtype {np.asarray(a).dtype}, {got_name!r} "
-                             f"{np.shape(b)} and {np.asarray(b).dtype}.")
 
 
 def plot_history(history, names, path: str) -> None:

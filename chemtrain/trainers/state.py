@@ -157,18 +157,22 @@ def checked_params(strategy, current, params):
     anything is sent (a broadcast of unequal structures could wait forever)."""
     def check():
         host = jax.tree.map(np.asarray, params)
-        want, got = jax.tree.structure(current), jax.tree.structure(host)
-        if want != got:
-            raise ValueError(f"The new parameters have another structure than the trainer's: "
-                             f"expected {want}, got {got}.")
-        for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(current)[0],
-                                jax.tree.leaves(host)):
-            if np.shape(a) != np.shape(b) or np.asarray(a).dtype != np.asarray(b).dtype:
-                raise ValueError(
-                    f"Parameter {jax.tree_util.keystr(path)}: expected shape {np.shape(a)} and "
-                    f"dtype {np.asarray(a).dtype}, got {np.shape(b)} and {np.asarray(b).dtype}.")
+        check_like(current, host, "the trainer's", "the new parameters")
         return host
     return strategy.broadcast_from_root(agree(strategy, check, "checking the new parameters"))
+
+
+def check_like(want, got, want_name: str, got_name: str) -> None:
+    """Raise ValueError unless the parameters ``got`` have the pytree
+    structure, shapes and dtypes of ``want``; the names say whose they are."""
+    if jax.tree.structure(want) != jax.tree.structure(got):
+        raise ValueError(f"{got_name} have another structure than {want_name}: "
+                         f"{jax.tree.structure(got)} against {jax.tree.structure(want)}.")
+    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(want)[0], jax.tree.leaves(got)):
+        if np.shape(a) != np.shape(b) or np.asarray(a).dtype != np.asarray(b).dtype:
+            raise ValueError(f"Parameter {jax.tree_util.keystr(path)}: expected shape "
+                             f"{np.shape(a)} and dtype {np.asarray(a).dtype} ({want_name}), got "
+                             f"{np.shape(b)} and {np.asarray(b).dtype} ({got_name}).")
 
 
 class HoldsState:
