@@ -13,7 +13,8 @@ own:
   each ``vmap_batch`` of ``--batches`` (0: all at once), with the two-pass
   gradient the trainers use (:mod:`chemtrain.learn.difftre_grad`) and with
   ``jax.value_and_grad`` of the loss (what they used before);
-- with ``--big N``: the two-pass gradient over N snapshots (vmap_batch 20);
+- with ``--big N``: the two-pass gradient over N snapshots (vmap_batch 20,
+  snapshots 2 MD steps apart: only their number matters for memory);
 - the wall time of a reweight-only update (the gradient over the stored
   snapshots) against a recompute update (the trajectory that produced them,
   10 MD steps per snapshot, plus the gradient), warm.
@@ -38,7 +39,7 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def build(snapshots: int):
+def build(snapshots: int, stride: int = 10):
     """(trajectory, gradient builders, trajectory functions) of the probe."""
     import chemtrain  # noqa: F401  (before jax_md)
     import jax
@@ -67,7 +68,7 @@ def build(snapshots: int):
     grid = np.stack(np.meshgrid(*[np.arange(per)] * 3, indexing="ij"), -1).reshape(-1, 3)
     R0 = jnp.asarray((grid + 0.5) * box / per, jnp.float32)
     dt_ps = 0.005
-    timings = process_printouts(dt_ps, dt_ps * 10 * snapshots, 0.0, dt_ps * 10)
+    timings = process_printouts(dt_ps, dt_ps * stride * snapshots, 0.0, dt_ps * stride)
     init, run = make_trajectory(
         functools.partial(simulate.nvt_langevin, shift_fn=shift, dt=dt_ps, kT=kT(300.0),
                           gamma=10.0), template, neighbor_fn, timings)
@@ -93,11 +94,11 @@ def gradient_fn(system, method: str, vmap_batch):
     return jax.jit(jax.value_and_grad(dt.make_statepoint_loss(*args, **opts), has_aux=True))
 
 
-def measure(method: str, vmap_batch, snapshots: int, timing: bool) -> dict:
+def measure(method: str, vmap_batch, snapshots: int, timing: bool, stride: int = 10) -> dict:
     import jax
     import jax.numpy as jnp
     from chemtrain.learn import difftre as dt
-    system = build(snapshots)
+    system = build(snapshots, stride)
     traj, kw = system["traj"], system["kw"]
     chains = [(traj.snapshots, traj.nbrs)]
     _, fixed, _ = jax.jit(dt.make_snapshot_evaluator(None, system["quantities"], vmap_batch))(
@@ -123,9 +124,9 @@ def measure(method: str, vmap_batch, snapshots: int, timing: bool) -> dict:
     return out
 
 
-def child(method, vmap_batch, snapshots, timing=False) -> dict:
+def child(method, vmap_batch, snapshots, timing=False, stride=10) -> dict:
     cmd = [sys.executable, __file__, "--child", method, str(vmap_batch or 0), str(snapshots),
-           "1" if timing else "0"]
+           "1" if timing else "0", str(stride)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         return {"method": method, "vmap_batch": vmap_batch, "snapshots": snapshots,
@@ -138,11 +139,11 @@ def main(argv=None):
     p.add_argument("--snapshots", type=int, default=100)
     p.add_argument("--batches", default="5,20,0", help="vmap_batch values; 0 = all at once")
     p.add_argument("--big", type=int, default=0, help="also N snapshots, two-pass, vmap_batch 20")
-    p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        method, b, n, timing = args.child
-        print(json.dumps(measure(method, int(b) or None, int(n), timing == "1")))
+        method, b, n, timing, stride = args.child
+        print(json.dumps(measure(method, int(b) or None, int(n), timing == "1", int(stride))))
         return
     results = []
     for b in [int(x) or None for x in args.batches.split(",")]:
@@ -151,7 +152,7 @@ def main(argv=None):
             print(json.dumps(r), flush=True)
             results.append(r)
     if args.big:
-        r = child("two-pass", 20, args.big)
+        r = child("two-pass", 20, args.big, stride=2)   # memory only: 2 MD steps apart
         print(json.dumps(r), flush=True)
         results.append(r)
     print(json.dumps({"benchmark": "difftre_mace", "host_cpus": os.cpu_count(),
