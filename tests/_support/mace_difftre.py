@@ -1,0 +1,63 @@
+"""DiffTRe on a small MACE plus a repulsive prior (16 atoms of one species
+in a 1 nm box, float64): shared by tests/test_difftre_mace.py and its
+mpirun script."""
+import functools
+
+import chemtrain  # noqa: F401  (before jax_md: chemtrain defers jax_md.rigid_body's costly import)
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax_md import simulate, space
+
+from chemtrain import quantity
+from chemtrain.finetune.model import random_config
+from chemtrain.models import mace as cm
+from chemtrain.models import repulsive_template, sum_templates
+from chemtrain.neighbors import neighbor_list
+from chemtrain.simulate import process_printouts
+from chemtrain.trainers import DifftreParallel
+
+BOX, R_MAX = 1.0, 0.4   # nm
+
+
+def spread_positions(n, min_distance, seed=0):
+    """``n`` random positions in the periodic box, none closer than
+    ``min_distance`` (rejection sampling)."""
+    rng, out = np.random.default_rng(seed), []
+    while len(out) < n:
+        r = rng.random(3) * BOX
+        d = np.array(out) - r if out else np.zeros((0, 3))
+        d -= BOX * np.round(d / BOX)
+        if not len(out) or np.min(np.linalg.norm(d, axis=1)) >= min_distance:
+            out.append(r)
+    return np.array(out)
+
+
+def mace_trainer(folder, kTs=(2.5,), **options):
+    """(DifftreParallel, initial parameters): one state point per ``kTs``,
+    an RDF target (through the weights) and a potential-energy target (an
+    energy-dependent quantity). Call in float64."""
+    displacement, shift = space.periodic(BOX)
+    cfg = random_config((8,), avg_num_neighbors=6.0, scale=0.05, num_channels=4, max_L=0,
+                        max_ell=1, correlation=2, r_max=10 * R_MAX, num_interactions=1,
+                        radial_MLP=(8,))
+    template = sum_templates({"prior": repulsive_template(displacement, R_MAX, 0.35),
+                              "mace": cm.energy_fn_template(cfg, displacement)})
+    params = {"prior": {"sigma": jnp.asarray(0.3), "epsilon": jnp.asarray(1.0)},
+              "mace": cm.init_params(cfg, jax.random.PRNGKey(0), jnp.float64)}
+    n = len(kTs)
+    rdf_bins = quantity.rdf_discretization(R_MAX, 20, 0.1)
+    trainer = DifftreParallel(
+        0, params, options.pop("optimizer", optax.sgd(1e-3)), template,
+        functools.partial(simulate.nvt_langevin, shift_fn=shift, dt=0.002, kT=kTs[0], gamma=5.0),
+        neighbor_list(displacement, BOX, R_MAX, dr_threshold=0.02, capacity_multiplier=2.0),
+        process_printouts(0.002, 0.6, 0.2, 0.02),
+        {"kT": np.asarray(kTs, float), "mass": np.full(n, 18.0), "species": np.full((n, 16), 8)},
+        {"rdf": quantity.rdf(displacement, rdf_bins, box=BOX),
+         "energy": quantity.potential_energy()},
+        {"rdf": {"target": np.ones((n, 20)), "gamma": 1.0},
+         "energy": {"target": np.full(n, -5.0), "gamma": 0.01}},
+        reference_states=np.broadcast_to(spread_positions(16, 0.28), (n, 16, 3)),
+        progress=False, checkpoint_path=folder, **options)
+    return trainer, params
