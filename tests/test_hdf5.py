@@ -1,6 +1,7 @@
 """HDF5ParallelDataLoader: own rows only, same results as in memory,
 prefetch in a thread, errors, conversion, memory."""
 import json
+import math
 import os
 import time
 
@@ -321,26 +322,36 @@ def test_convert_errors(tmp_path):
 
 
 def test_peak_memory_does_not_grow_with_the_file(tmp_path):
-    """One epoch from a file 10x larger raises each rank's peak RSS by < 10 %."""
+    """One epoch from a file 10x larger raises each rank's peak RSS by < 10 %.
+
+    Peak RSS on this machine carries one-sided noise (allocator
+    fragmentation, compile-time peaks): single pairs of runs have given
+    +5.8 % to +11.4 % growth. So the pair is measured up to three times and
+    each file's least peak per rank counts; holding the big file in memory
+    would add its size to every run, which no repetition removes."""
     data, box, _ = lj_fluid()
     # 32 atoms, float64 R and F: 1.5 kB per row. Reading the whole big file
     # into memory would add 130 MB to a ~750 MB process (+17 %): the test can fail.
     small = {k: np.concatenate([v] * 180) for k, v in data.items()}    # 8,640 rows, 13 MB
     big = {k: np.concatenate([v] * 1800) for k, v in data.items()}     # 86,400 rows, 130 MB
-    peaks = {}
-    for name, d in (("small", small), ("big", big)):
-        path = write_h5(tmp_path / f"{name}.h5", d, box=box)
-        out_dir = tmp_path / name
-        out_dir.mkdir()
-        rc, out, _ = mp.mpirun(2, [os.path.join(mp.HERE, "hdf5_run.py"), "--train", path,
-                                   "--out", str(out_dir), "--parallelism", "mpi", "--rss-model"],
-                               timeout=600)
-        assert rc == 0, out[-3000:]
-        peaks[name] = {r: int((out_dir / f"rss_{r}.txt").read_text()) for r in (0, 1)}
-    print("peak RSS (kB)", peaks)
+    paths = {name: write_h5(tmp_path / f"{name}.h5", d, box=box)
+             for name, d in (("small", small), ("big", big))}
+    peaks = {"small": {0: math.inf, 1: math.inf}, "big": {0: math.inf, 1: math.inf}}
+    for attempt in range(3):
+        for name, path in paths.items():
+            out_dir = tmp_path / f"{name}_{attempt}"
+            out_dir.mkdir()
+            rc, out, _ = mp.mpirun(2, [os.path.join(mp.HERE, "hdf5_run.py"), "--train", path,
+                                       "--out", str(out_dir), "--parallelism", "mpi",
+                                       "--rss-model"], timeout=600)
+            assert rc == 0, out[-3000:]
+            for r in (0, 1):
+                peaks[name][r] = min(peaks[name][r], int((out_dir / f"rss_{r}.txt").read_text()))
+        growth = {r: peaks["big"][r] / peaks["small"][r] - 1 for r in (0, 1)}
+        print("attempt", attempt, "peak RSS (kB)", peaks, "growth", growth)
+        if max(growth.values()) < 0.10:
+            break
     file_mb = os.path.getsize(tmp_path / "big.h5") / 2**20
-    for rank in (0, 1):
-        growth = peaks["big"][rank] / peaks["small"][rank] - 1
-        assert growth < 0.10, (rank, growth, file_mb)
+    assert max(growth.values()) < 0.10, (growth, file_mb)
     # the big file is large against the process: holding it would exceed the bound
     assert file_mb > 0.12 * max(peaks["small"].values()) / 1024
