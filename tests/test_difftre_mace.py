@@ -66,3 +66,47 @@ def test_two_ranks_equal_one_process(tmp_path):
     for rank in range(2):
         got = np.array(json.loads((out / f"params_{rank}.json").read_text()))
         assert np.max(np.abs(got - want)) <= 1e-6 * np.max(np.abs(want))
+
+
+def test_model_inputs_the_simulation_lacks_are_named(tmp_path):
+    """MACE's own input check runs on each state point when it is declared:
+    an element the model does not know, or no species at all, is refused
+    before any simulation, naming the state point and where species go."""
+    import pytest
+    from chemtrain.models.mace import UnknownElementError
+    with jax.enable_x64(True):
+        with pytest.raises(UnknownElementError, match=r"State point 0: .*1 \(H\).*built for "
+                                                      r"\[8\].*state_kwargs, one row"):
+            mace_trainer(str(tmp_path / "h"), species=1)
+        with pytest.raises(ValueError, match=r"State point 0: The MACE model needs per-atom "
+                                             r"atomic numbers.*come in state_kwargs"):
+            mace_trainer(str(tmp_path / "none"), species=None)
+
+
+def test_float32_gradient_equals_float64_on_the_same_snapshots(tmp_path):
+    """The trainer in float32 (jax_enable_x64 off): its DiffTRe gradient on
+    its own trajectory equals the float64 gradient on the same snapshots
+    within 1e-3 relative, and an update keeps float32 parameters."""
+    def floats(tree, dtype):
+        return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(
+            jnp.result_type(x), jnp.floating) else x, tree)
+    with jax.enable_x64(False):
+        tr32, p32 = mace_trainer(str(tmp_path / "f32"), dtype=jnp.float32,
+                                 optimizer=optax.adam(1e-3))
+        tr32.initialize_trajstates()
+        trajs = tr32.trajstates[0]
+        theta = jax.tree.map(lambda x: x * 1.02, p32)    # off the trajectory's parameters
+        (_, aux32), g32 = du.loss_and_grad(tr32.statepoints[0], theta, trajs)
+        assert float(aux32["n_eff"]) < 0.999 * tr32.statepoints[0].n_snapshots
+        g32 = np.asarray(jax.flatten_util.ravel_pytree(g32)[0])
+        tr32.train(1)
+        assert {x.dtype for x in jax.tree.leaves(tr32.params)} == {jnp.dtype("float32")}
+        assert np.all(np.isfinite(jax.flatten_util.ravel_pytree(tr32.params)[0]))
+    with jax.enable_x64(True):
+        tr64, _ = mace_trainer(str(tmp_path / "f64"))
+        _, g64 = du.loss_and_grad(tr64.statepoints[0], floats(theta, jnp.float64),
+                                  floats(trajs, jnp.float64))
+        g64 = np.asarray(jax.flatten_util.ravel_pytree(g64)[0])
+    assert g32.dtype == np.float32 and g64.dtype == np.float64
+    assert np.linalg.norm(g32 - g64) <= 1e-3 * np.linalg.norm(g64), (
+        np.linalg.norm(g32 - g64) / np.linalg.norm(g64))

@@ -128,10 +128,33 @@ def make_statepoint(index: int, fns: StatePointFunctions, state_kwargs, referenc
     if reference.ndim != 3:
         raise ValueError(f"State point {index}: the reference state must be positions of shape "
                          f"(N, dim) or (chains, N, dim), got shape {reference.shape}.")
+    check_model_inputs(index, fns.energy_fn_template, state_kwargs, reference)
     return StatePoint(index, name if name is not None else f"{index}", fns,
                       {k: jnp.asarray(v) for k, v in state_kwargs.items()}, reference, targets,
                       {k: jnp.asarray(v) for k, v in target_values.items()},
                       n_snapshots * reference.shape[0], data)  # all chains
+
+
+def check_model_inputs(index: int, energy_fn_template, state_kwargs, reference) -> None:
+    """The model's own check of what the simulation will give it (e.g.
+    MACE: ``species`` known to it), as for a force-matching dataset, with
+    the state point named and where per-atom inputs go."""
+    validate = getattr(energy_fn_template, "validate_dataset", None)
+    if validate is None:
+        return
+    per_atom = {k: np.broadcast_to(np.asarray(state_kwargs[k]), reference.shape[:2])
+                for k in ("species", "mask") if k in state_kwargs}
+    try:
+        validate({"R": np.asarray(reference), **per_atom})
+    except ValueError as e:
+        text = (f"State point {index}: {e} In DiffTRe and relative entropy, per-atom inputs of "
+                f"the energy function (species, mask) come in state_kwargs, one row (N,) per "
+                f"state point.")
+        try:
+            error = type(e)(text)          # keep the model's error class where it allows
+        except TypeError:
+            error = ValueError(text)
+        raise error from None
 
 
 def fingerprint(statepoints) -> tuple[list, int]:

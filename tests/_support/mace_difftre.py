@@ -34,18 +34,20 @@ def spread_positions(n, min_distance, seed=0):
     return np.array(out)
 
 
-def mace_trainer(folder, kTs=(2.5,), **options):
+def mace_trainer(folder, kTs=(2.5,), species=8, dtype=jnp.float64, **options):
     """(DifftreParallel, initial parameters): one state point per ``kTs``,
     an RDF target (through the weights) and a potential-energy target (an
-    energy-dependent quantity). Call in float64."""
+    energy-dependent quantity), every atom of atomic number ``species``
+    (None: no species given). ``dtype`` of the parameters: float64 needs
+    jax_enable_x64 on, float32 runs with it off."""
     displacement, shift = space.periodic(BOX)
     cfg = random_config((8,), avg_num_neighbors=6.0, scale=0.05, num_channels=4, max_L=0,
                         max_ell=1, correlation=2, r_max=10 * R_MAX, num_interactions=1,
                         radial_MLP=(8,))
     template = sum_templates({"prior": repulsive_template(displacement, R_MAX, 0.35),
                               "mace": cm.energy_fn_template(cfg, displacement)})
-    params = {"prior": {"sigma": jnp.asarray(0.3), "epsilon": jnp.asarray(1.0)},
-              "mace": cm.init_params(cfg, jax.random.PRNGKey(0), jnp.float64)}
+    params = {"prior": {"sigma": jnp.asarray(0.3, dtype), "epsilon": jnp.asarray(1.0, dtype)},
+              "mace": cm.init_params(cfg, jax.random.PRNGKey(0), dtype)}
     n = len(kTs)
     rdf_bins = quantity.rdf_discretization(R_MAX, 20, 0.1)
     trainer = DifftreParallel(
@@ -53,7 +55,8 @@ def mace_trainer(folder, kTs=(2.5,), **options):
         functools.partial(simulate.nvt_langevin, shift_fn=shift, dt=0.002, kT=kTs[0], gamma=5.0),
         neighbor_list(displacement, BOX, R_MAX, dr_threshold=0.02, capacity_multiplier=2.0),
         process_printouts(0.002, 0.6, 0.2, 0.02),
-        {"kT": np.asarray(kTs, float), "mass": np.full(n, 18.0), "species": np.full((n, 16), 8)},
+        {"kT": np.asarray(kTs, float), "mass": np.full(n, 18.0),
+         **({} if species is None else {"species": np.full((n, 16), species)})},
         {"rdf": quantity.rdf(displacement, rdf_bins, box=BOX),
          "energy": quantity.potential_energy()},
         {"rdf": {"target": np.ones((n, 20)), "gamma": 1.0},
