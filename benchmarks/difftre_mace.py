@@ -1,6 +1,7 @@
 """DiffTRe on a MACE potential: peak memory and time of one update.
 
     .venv/bin/python benchmarks/difftre_mace.py [--snapshots 100] [--batches 5,20,0] [--big 2000]
+        [--md-repeats 3]
 
 The probe system of issue 20: 216 water-like beads at 33.4 nm^-3 (one
 species, oxygen), an 8-channel MACE (L_max 1, correlation 2, r_max 4.5 A)
@@ -17,7 +18,12 @@ own:
   snapshots 2 MD steps apart: only their number matters for memory);
 - the wall time of a reweight-only update (the gradient over the stored
   snapshots) against a recompute update (the trajectory that produced them,
-  10 MD steps per snapshot, plus the gradient), warm.
+  10 MD steps per snapshot, plus the gradient), warm; and the split of the
+  reweight-only update into its forward pass (energies, weights, loss) and
+  the chunked vector-Jacobian products;
+- ``--md-repeats`` times (each in a fresh process): MD steps per second of
+  the trajectory generator (``make_trajectory``) against a bare jax-md
+  ``lax.scan`` of the same steps on the same MACE energy and neighbor list.
 
 Prints one line per measurement and a JSON summary at the end.
 """
@@ -80,7 +86,8 @@ def build(snapshots: int, stride: int = 10):
     quantities = {"rdf": rdf}
     targets = {"rdf": {"gamma": 1.0}}
     return dict(params=params, template=template, quantities=quantities, targets=targets,
-                traj=traj, kw=kw, run=run, key=key)
+                traj=traj, kw=kw, run=run, key=key, shift=shift, neighbor_fn=neighbor_fn,
+                R0=R0, dt=dt_ps, stride=stride)
 
 
 def gradient_fn(system, method: str, vmap_batch):
@@ -114,6 +121,14 @@ def measure(method: str, vmap_batch, snapshots: int, timing: bool, stride: int =
         started = time.perf_counter()
         jax.block_until_ready(grad(*args))
         out["reweight_s"] = round(time.perf_counter() - started, 3)
+        # the split of the reweight-only update: its forward pass (energies,
+        # quantities, weights, loss) and the rest (the chunked VJPs)
+        forward = jax.jit(dt.make_snapshot_evaluator(system["template"], {}, vmap_batch))
+        jax.block_until_ready(forward(system["params"], chains, kw))
+        started = time.perf_counter()
+        jax.block_until_ready(forward(system["params"], chains, kw))
+        out["forward_s"] = round(time.perf_counter() - started, 3)
+        out["vjp_s"] = round(out["reweight_s"] - out["forward_s"], 3)
         run = jax.jit(system["run"])
         jax.block_until_ready(run(system["params"], traj, system["key"], **kw))
         started = time.perf_counter()
@@ -122,6 +137,43 @@ def measure(method: str, vmap_batch, snapshots: int, timing: bool, stride: int =
         out["recompute_s"] = round(out["trajectory_s"] + out["reweight_s"], 3)
         out["reweight_over_recompute"] = round(out["reweight_s"] / out["recompute_s"], 3)
     return out
+
+
+def measure_md(snapshots: int, stride: int = 10) -> dict:
+    """Steps per second of the trajectory generator (``make_trajectory``'s
+    ``run_fn``: failure checks, snapshots, their energies) against a bare
+    jax-md ``lax.scan`` of the same steps on the same MACE energy and list."""
+    import jax
+    from jax_md import simulate
+    system = build(snapshots, stride)
+    kw, key, steps = system["kw"], system["key"], snapshots * stride
+    run = jax.jit(system["run"])
+    jax.block_until_ready(run(system["params"], system["traj"], key, **kw))
+    started = time.perf_counter()
+    jax.block_until_ready(run(system["params"], system["traj"], key, **kw))
+    generator_s = time.perf_counter() - started
+
+    energy_fn = system["template"](system["params"])
+    init, apply = simulate.nvt_langevin(energy_fn, system["shift"], dt=system["dt"], kT=kw["kT"],
+                                        gamma=10.0)
+    nbrs = system["neighbor_fn"].allocate(system["R0"])
+    state = init(key, system["R0"], mass=kw["mass"], neighbor=nbrs, species=kw["species"])
+
+    @jax.jit
+    def bare(state, nbrs):
+        def step(carry, _):
+            state, nbrs = carry
+            state = apply(state, neighbor=nbrs, species=kw["species"])
+            return (state, nbrs.update(state.position)), None
+        return jax.lax.scan(step, (state, nbrs), None, length=steps)[0]
+    state, nbrs = jax.block_until_ready(bare(state, nbrs))   # compile, and equilibrate
+    assert not bool(nbrs.did_buffer_overflow)
+    started = time.perf_counter()
+    jax.block_until_ready(bare(state, nbrs))
+    bare_s = time.perf_counter() - started
+    return {"method": "md", "steps": steps, "generator_steps_per_s": round(steps / generator_s, 1),
+            "bare_scan_steps_per_s": round(steps / bare_s, 1),
+            "generator_over_bare": round(bare_s / generator_s, 3)}
 
 
 def child(method, vmap_batch, snapshots, timing=False, stride=10) -> dict:
@@ -139,13 +191,20 @@ def main(argv=None):
     p.add_argument("--snapshots", type=int, default=100)
     p.add_argument("--batches", default="5,20,0", help="vmap_batch values; 0 = all at once")
     p.add_argument("--big", type=int, default=0, help="also N snapshots, two-pass, vmap_batch 20")
+    p.add_argument("--md-repeats", type=int, default=3,
+                   help="runs of the MD comparison (each in a fresh process)")
     p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         method, b, n, timing, stride = args.child
-        print(json.dumps(measure(method, int(b) or None, int(n), timing == "1", int(stride))))
+        print(json.dumps(measure_md(int(n), int(stride)) if method == "md" else
+                         measure(method, int(b) or None, int(n), timing == "1", int(stride))))
         return
     results = []
+    for _ in range(args.md_repeats):   # the two alternate inside each run; repeats show the noise
+        r = child("md", None, args.snapshots)
+        print(json.dumps(r), flush=True)
+        results.append(r)
     for b in [int(x) or None for x in args.batches.split(",")]:
         for method in ("two-pass", "direct"):
             r = child(method, b, args.snapshots, timing=(method == "two-pass" and b == 20))
