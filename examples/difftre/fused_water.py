@@ -17,9 +17,8 @@ dynamics with dt 5 fs, float32.
    order is off. 200 frames of its own simulation, labelled with its forces;
    160 train, 40 test.
 3. **Four trainings under one budget** (``--epochs`` E, ``--difftre-updates``
-   K): an 8-channel MACE
-   (L_max 1, correlation 2, r_max 4.5 A, one interaction) plus a repulsive
-   prior (``sum_templates``; the prior's parameters frozen through the
+   K): an 8-channel MACE (L_max 1, correlation 2, r_max 4.5 A, one
+   interaction) plus a repulsive prior (``sum_templates``; the prior's parameters frozen through the
    optimizer with ``freeze``), from the same initial parameters:
    - force matching alone: E epochs on the labels (Adam, step 1e-2 decaying
      to 1e-3);
@@ -28,8 +27,8 @@ dynamics with dt 5 fs, float32.
    - fused (``InterleaveTrainers``): E x (one force-matching epoch, then K
      DiffTRe updates) on one parameter set;
    - a pair-MLP potential plus the same prior under DiffTRe alone (2 x E x K
-     updates of Adam 2e-2: cheap, so trained until it levels off): a pair
-     potential cannot make a tetrahedral ADF.
+     updates of Adam 2e-2: cheap, so trained until it levels off): with
+     pair terms alone the ADF is bought with the RDF.
 4. **Comparison.** Every trained model is simulated afresh (5 ps + 10 ps, 100
    snapshots); the table gives RDF and ADF mean squared errors against the
    targets, the pressure, and the force RMSE on the 40 test frames of the
