@@ -25,10 +25,10 @@ from __future__ import annotations
 
 __all__ = ["reweighting_weights", "effective_sample_size", "needs_recompute", "weighted_mean",
            "traj_mean", "mse", "resolve_observables", "statepoint_loss", "map_in_chunks",
-           "snapshot_fn", "make_snapshot_evaluator", "potential_dependent", "make_statepoint_head",
-           "make_statepoint_loss", "make_neff_fn", "step_size_candidates", "scaled_params",
-           "step_size_violations", "choose_step_size", "statepoint_batches", "as_key",
-           "statepoint_key"]
+           "snapshot_fn", "make_snapshot_evaluator", "potential_dependent", "unfixed",
+           "make_statepoint_head", "make_statepoint_loss", "make_neff_fn",
+           "step_size_candidates", "scaled_params", "step_size_violations", "choose_step_size",
+           "statepoint_batches", "as_key", "statepoint_key"]
 
 import math
 from typing import Callable, Mapping
@@ -250,6 +250,15 @@ def potential_dependent(quantities: Mapping, snapshot, nbrs, state_kwargs: Mappi
     return dependent
 
 
+def unfixed(quantities: Mapping, fixed: tuple) -> dict:
+    """The quantities not named in ``fixed`` (those evaluated under the
+    parameters); ``fixed`` must name quantities."""
+    unknown = set(fixed) - set(quantities)
+    if unknown:
+        raise ValueError(f"fixed names unknown quantities {sorted(unknown)}.")
+    return {k: v for k, v in quantities.items() if k not in fixed}
+
+
 def make_statepoint_head(targets: Mapping, observables: Mapping, loss_fn: Callable | None = None,
                          fixed: tuple = ()) -> Callable:
     """Return ``head(U, qs, U_ref, target_values, state_kwargs, fixed_values)
@@ -300,11 +309,7 @@ def make_statepoint_loss(energy_fn_template: Callable, quantities: Mapping, targ
     overflowed: their values are invalid).
     """
     observables = resolve_observables(targets, quantities, observables, require_values=False)
-    unknown = set(fixed) - set(quantities)
-    if unknown:
-        raise ValueError(f"fixed names unknown quantities {sorted(unknown)}.")
-    evaluate = make_snapshot_evaluator(
-        energy_fn_template, {k: v for k, v in quantities.items() if k not in fixed}, vmap_batch)
+    evaluate = make_snapshot_evaluator(energy_fn_template, unfixed(quantities, fixed), vmap_batch)
     head = make_statepoint_head(targets, observables, loss_fn, fixed)
 
     def loss(params, chains, U_ref, target_values, state_kwargs, fixed_values=None):

@@ -38,10 +38,7 @@ def make_value_and_grad(energy_fn_template: Callable, quantities: Mapping, targe
     returns, with peak memory set by ``vmap_batch`` snapshots (None: all at
     once)."""
     observables = dt.resolve_observables(targets, quantities, observables, require_values=False)
-    unknown = set(fixed) - set(quantities)
-    if unknown:
-        raise ValueError(f"fixed names unknown quantities {sorted(unknown)}.")
-    dependent = {k: v for k, v in quantities.items() if k not in fixed}
+    dependent = dt.unfixed(quantities, fixed)
     one = dt.snapshot_fn(energy_fn_template, dependent)
     evaluate = dt.make_snapshot_evaluator(energy_fn_template, dependent, vmap_batch)
     head = dt.make_statepoint_head(targets, observables, loss_fn, fixed)

@@ -206,18 +206,10 @@ def difftre_trainer(s, template, params, targets, start, folder, seed, learning_
 
 def force_rmse(s, template, params, frames, forces):
     """RMSE (kJ/mol/nm) of the model's forces against ``forces`` on ``frames``."""
-    energy_fn = template(params)
-    nbrs = s["neighbor_fn"].allocate(jnp.asarray(frames[0]))
-    species = jnp.full(N, 8)
-
-    def one(R):
-        nb = nbrs.update(R)
-        return -jax.grad(lambda r: energy_fn(r, nb, species=species))(R), nb.did_buffer_overflow
-    F, overflow = jax.lax.map(jax.jit(one), jnp.asarray(frames))
-    if bool(jnp.any(overflow)):
-        raise RuntimeError("the neighbor list overflowed on a test frame: raise its "
-                           "capacity_multiplier")
-    return float(np.sqrt(np.mean((np.asarray(F) - forces) ** 2)))
+    energy_fn, species = template(params), jnp.asarray(s["state_kwargs"]["species"])
+    F = label_frames(lambda R, neighbor: energy_fn(R, neighbor, species=species),
+                     s["neighbor_fn"], frames)["F"]
+    return float(np.sqrt(np.mean((F - forces) ** 2)))
 
 
 def measure(s, template, params, targets, start, test, seed):
