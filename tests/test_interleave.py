@@ -1,5 +1,5 @@
 """InterleaveTrainers: force matching and relative entropy on one parameter
-set (tests/_support/fused_systems.py). One fused epoch equals the turns run
+set (tests/_support/fused_systems.py), and force matching with DiffTRe. One fused epoch equals the turns run
 by hand; resume is bitwise; incomplete or foreign checkpoints are refused;
 mpirun -np 2 equals one process."""
 import json
@@ -86,3 +86,46 @@ def test_two_ranks_equal_one_process(tmp_path):
         got = json.loads((out / f"fused_{rank}.json").read_text())
         for k, v in want.items():
             assert abs(got[k] - float(v)) <= 1e-6 * abs(float(v)), (rank, k, got[k], v)
+
+
+def fm_and_difftre(folder):
+    """(InterleaveTrainers, force matching, DiffTRe) on the bonded pair of
+    tests/_support/difftre_systems.py: force labels of an imperfect bond
+    (r_0 0.37 nm, scaled_b 2.0), DiffTRe on the exact RDF and energy."""
+    import jax.numpy as jnp
+    import optax
+    from difftre_systems import bonded_pair_args
+    from chemtrain.simulate.langevin import label_frames
+    from chemtrain.trainers import DifftreParallel, ForceMatching, InterleaveTrainers
+    args = bonded_pair_args(1, checkpoint_path=os.path.join(folder, "difftre"))
+    difftre = DifftreParallel(**args)
+    difftre.initialize_trajstates()
+    rng = np.random.default_rng(0)
+    d = rng.normal(size=(16, 3))
+    d *= (0.3 + 0.1 * rng.random((16, 1))) / np.linalg.norm(d, axis=1, keepdims=True)
+    R = np.stack([np.full((16, 3), 0.5), 0.5 + d], axis=1)
+    template = args["energy_fn_template"]
+    data = label_frames(template({"r_0": jnp.asarray(0.37), "scaled_b": jnp.asarray(2.0)}),
+                        args["neighbor_fn"], R)
+    fm = ForceMatching(args["init_params"], optax.adam(0.01), template,
+                       args["neighbor_fn"].allocate(jnp.asarray(R[0])), batch=8,
+                       checkpoint_path=os.path.join(folder, "fm"), progress=False)
+    fm.set_dataset(data, "training")
+    together = InterleaveTrainers(os.path.join(folder, "fused"), progress=False)
+    together.add_trainer(fm, num_updates=1, name="FM")
+    together.add_trainer(difftre, num_updates=1, name="DiffTRe")
+    return together, fm, difftre
+
+
+def test_force_matching_and_difftre_epoch_equals_the_turns_by_hand(tmp_path):
+    """As the first test, with DiffTRe in relative entropy's place."""
+    together, fm, difftre = fm_and_difftre(str(tmp_path / "a"))
+    together.train(1)
+    _, fm2, difftre2 = fm_and_difftre(str(tmp_path / "b"))
+    fm2.train(1)
+    difftre2.params = fm2.params
+    difftre2.train(1)
+    for k, v in host(difftre2.params).items():
+        np.testing.assert_allclose(host(together.params)[k], v, rtol=1e-12, atol=0)
+    assert host(fm.params) != host(together.params)   # DiffTRe moved them after FM
+    assert float(host(fm2.params)["r_0"]) != 0.3                # FM trained (from 0.3)
