@@ -23,7 +23,8 @@ keys derive from the state-point index and the update count only.
 """
 from __future__ import annotations
 
-__all__ = ["reweighting_weights", "effective_sample_size", "needs_recompute", "weighted_mean",
+__all__ = ["reweighting_weights", "effective_sample_size", "statistical_inefficiency",
+           "independent_samples", "reuse_distance", "needs_recompute", "weighted_mean",
            "traj_mean", "mse", "resolve_observables", "statepoint_loss", "map_in_chunks",
            "snapshot_fn", "make_snapshot_evaluator", "potential_dependent", "unfixed",
            "make_statepoint_head", "make_statepoint_loss", "make_neff_fn",
@@ -39,6 +40,7 @@ import numpy as np
 
 from ..ensemble import box_kwargs, energy_kwargs
 from .difftre_batches import as_key, statepoint_batches, statepoint_key
+from .reuse import independent_samples, needs_recompute, reuse_distance, statistical_inefficiency
 
 # -- reweighting ----------------------------------------------------------
 
@@ -63,12 +65,6 @@ def effective_sample_size(weights):
     w = jnp.asarray(weights)
     safe = jnp.where(w > 0, w, 1.0)
     return jnp.exp(-jnp.sum(jnp.where(w > 0, w * jnp.log(safe), 0.0), axis=-1))
-
-
-def needs_recompute(n_eff, n_snapshots, reweight_ratio) -> bool:
-    """True when a trajectory's snapshots are too unevenly weighted to be
-    reused: ``N_eff < reweight_ratio * N``."""
-    return bool(float(n_eff) < float(reweight_ratio) * float(n_snapshots))
 
 
 def weighted_mean(values, weights):
