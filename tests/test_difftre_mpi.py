@@ -55,7 +55,8 @@ def single(tmp_path_factory):
     """The runs of tests/mp_difftre.py in this one process."""
     folder = tmp_path_factory.mktemp("single")
     return {"eq2": single_run(folder / "a", 4, 2, 3), "eq-1": single_run(folder / "b", 4, -1, 3),
-            "fold": single_run(folder / "c", 5, 2, 2, optimizer=optax.sgd(1e-3))}
+            "fold": single_run(folder / "c", 5, 2, 2, optimizer=optax.sgd(1e-3),
+                               max_reuse_se=None, max_reuses=None)}
 
 
 def params_of(tr):

@@ -13,6 +13,7 @@
 """
 import functools
 import json
+import math
 import os
 
 import jax
@@ -113,11 +114,21 @@ def lj_trainer(lj, params, targets, seed, timings=None, **kwargs):
 
 
 def check_recompute_rule(trainer):
-    """A trajectory was recomputed exactly when N_eff < 0.9 N at the start of
-    the update."""
+    """A trajectory was recomputed exactly when, at the start of the update,
+    N_eff < 0.9 N, or the parameters had moved more than max_reuse_se
+    standard errors from those that sampled it (sqrt(2 n_independent
+    ln(N / N_eff)) > max_reuse_se), or it had served max_reuses updates
+    after its own (counted here from the records: one state point)."""
     records = [r for e in trainer.history for r in e["statepoints"]]
+    limit, reuses = trainer.max_reuse_se, 0
     for r in records:
-        assert r["recomputed"] == (r["n_eff"] < 0.9 * r["n_snapshots"]), r
+        kl = max(0.0, math.log(r["n_snapshots"] / r["n_eff"]))
+        moved = math.sqrt(2 * r["n_independent"] * kl)
+        assert r["n_independent"] > 1 and r["reuse_se"] == pytest.approx(moved, abs=1e-9)
+        expected = (r["n_eff"] < 0.9 * r["n_snapshots"] or moved > limit
+                    or reuses >= trainer.max_reuses)
+        assert r["recomputed"] == expected, (r, reuses)
+        reuses = 0 if r["recomputed"] else reuses + 1
     return records
 
 
@@ -132,8 +143,14 @@ def test_lj_sigma_from_rdf(lj, seed, tmp_path):
     sigma = float(jnp.exp(trainer.params["log_sigma"]))
     records = check_recompute_rule(trainer)
     assert abs(sigma / SIGMA - 1) < 0.02, sigma
-    mse = np.mean((np.asarray(trainer.predictions[0]["rdf"]) - lj["rdf"]) ** 2)
+    # the learned potential's RDF from a fresh run of the target's length: the
+    # trainer's last prediction is that of the parameters before the last
+    # step, reweighted, and (with a constant RMSprop step of about 1 % in
+    # sigma) scatters by up to 2e-3 where this one is 2-3e-4 (issue 31)
+    rdf, _, _ = lj["measure"](sigma, EPSILON, seed=7, start=lj["R0"])
+    mse = np.mean((rdf - lj["rdf"]) ** 2)
     assert mse < 1e-3, mse
+    assert all(np.isfinite(trainer.predictions[0]["rdf"]))
     assert sum(not r["recomputed"] for r in records) >= 5
     lines = [json.loads(line) for line in open(tmp_path / "m.jsonl")]
     assert len(lines) == 40 and lines[-1]["statepoints"][0]["predictions"]["rdf"]
@@ -204,8 +221,12 @@ def test_upstream_two_particle_test_at_its_settings(tmp_path, seed):
 
 # -- resume, failures and bad input on a cheap system: two bonded particles ---------
 def test_resume_continues_exactly(tmp_path):
-    """Also with the step-size search on (N_eff must keep 97 % of its value)."""
-    search = dict(step_size_search=True, allowed_reduction=0.97, optimizer=optax.rmsprop(0.03))
+    """Also with the step-size search on (N_eff must keep 97 % of its value),
+    and the count of each trajectory's reuses carried over (max_reuses 1;
+    without the distance rule, under which this fast optimiser recomputes
+    every update)."""
+    search = dict(step_size_search=True, allowed_reduction=0.97, optimizer=optax.rmsprop(0.03),
+                  max_reuse_se=None, max_reuses=1)
     a = bonded_pair(checkpoint_path=str(tmp_path / "a"), **search)
     a.initialize_trajstates(num_runs=2)
     a.train(2, checkpoint_freq=2)
@@ -225,6 +246,10 @@ def test_resume_continues_exactly(tmp_path):
     # both paths were exercised after the checkpoint
     later = [r["recomputed"] for e in a.history[2:] for r in e["statepoints"]]
     assert any(later) and not all(later)
+    # ... the count rule among them (a recompute at N_eff >= 0.99 N)
+    assert any(r["recomputed"] and r["n_eff"] >= 0.99 * r["n_snapshots"]
+               for e in a.history[2:] for r in e["statepoints"])
+    assert a.state.reuses == b.state.reuses and len(a.state.reuses) == 3
     steps = [x for e in a.history for x in e["step_sizes"]]
     assert min(steps) < 1.0 and max(steps) == 1.0, steps
     # restore() alone also brings the checkpoint's trajectories; the epoch

@@ -60,8 +60,8 @@ def test_state_is_a_frozen_pytree_of_its_arrays():
     assert _equal(FMState.join(trees, plain), s)
     with pytest.raises(TypeError, match="history must be plain data"):
         s.replace(history=[object()]).split()
-    assert DifftreState.plain_fields() == ("epoch", "update_count", "init_runs", "history",
-                                           "epoch_losses", "update_losses")
+    assert DifftreState.plain_fields() == ("epoch", "update_count", "init_runs", "reuses",
+                                           "history", "epoch_losses", "update_losses")
 
 
 def _fm(tmp_path, name):

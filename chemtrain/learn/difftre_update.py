@@ -98,13 +98,16 @@ def contributions(batch: Sequence[int], results: Mapping[int, Mapping], params,
     elsewhere are zeros, so the element-wise sum over processes is the whole
     batch: the gradient summed over its state points, and per state point
     its loss, N_eff (after and before a recompute), whether it was
-    recomputed, neighbor-list overflows, loss parts (NaN without a part,
-    e.g. under a custom ``loss_fn``) and predictions.
+    recomputed, the decorrelated samples of the trajectory it started from
+    and how far (in its standard errors) the parameters had moved from it,
+    neighbor-list overflows, loss parts (NaN without a part, e.g. under a
+    custom ``loss_fn``) and predictions.
     """
     n = len(batch)
     out = {"grad": jax.tree.map(lambda p: np.zeros(np.shape(p), np.float64), params),
            "loss": np.zeros(n), "n_eff": np.zeros(n), "n_eff_start": np.zeros(n),
            "recomputed": np.zeros(n), "nbr_overflow": np.zeros(n),
+           "n_independent": np.zeros(n), "reuse_se": np.zeros(n),
            "parts": {k: np.zeros(n) for k in names},
            "pred": [{k: np.zeros(shapes[k]) for k in names} for shapes in target_shapes]}
     for j, i in enumerate(batch):
@@ -114,6 +117,8 @@ def contributions(batch: Sequence[int], results: Mapping[int, Mapping], params,
         out["grad"] = jax.tree.map(np.add, out["grad"], r["grad"])
         out["loss"][j], out["n_eff"][j] = r["loss"], r["aux"]["n_eff"]
         out["n_eff_start"][j], out["recomputed"][j] = r["n_eff_start"], r["recomputed"]
+        out["n_independent"][j] = r.get("n_independent", 0.0)
+        out["reuse_se"][j] = r.get("reuse_se", 0.0)
         out["nbr_overflow"][j] = r["aux"]["nbr_overflow"]
         for k in names:
             out["parts"][k][j] = r["aux"]["parts"].get(k, np.nan)
@@ -182,7 +187,8 @@ def records(summed: Mapping, batch: Sequence[int], update: int, names: Sequence[
             n_snapshots: Sequence[int], targets: Sequence[Mapping]) -> dict:
     """State point -> its record of the update (the history's per-state-point
     entries): loss, loss parts, N_eff before any recompute, the number of
-    snapshots, whether it was recomputed, predictions and targets."""
+    snapshots, whether it was recomputed (with ``n_independent`` and
+    ``reuse_se`` of the trajectory it started from), predictions and targets."""
     out = {}
     for j, i in enumerate(batch):
         pred = summed["pred"][j]
@@ -191,6 +197,8 @@ def records(summed: Mapping, batch: Sequence[int], update: int, names: Sequence[
                             if not np.isnan(summed["parts"][k][j])},  # none with loss_fn
                   "n_eff": float(summed["n_eff_start"][j]), "n_snapshots": n_snapshots[j],
                   "recomputed": bool(summed["recomputed"][j]),
+                  "n_independent": float(summed["n_independent"][j]),
+                  "reuse_se": float(summed["reuse_se"][j]),
                   "predictions": {k: pred[k].tolist() for k in names},
                   "targets": {k: np.asarray(targets[j][k]).tolist() for k in names}}
     return out

@@ -53,6 +53,17 @@ class DifftreParallel(_DifftreCore):
         trainer with the same data and calls the same methods in the same
         order; recomputed trajectories are sent to every rank).
       reweight_ratio: recompute a trajectory when N_eff < ratio x N.
+      max_reuse_se: also recompute once the parameters have moved more than
+        this many standard errors of the trajectory's own estimate since it
+        was sampled (:func:`chemtrain.learn.reuse.reuse_distance`, from N_eff
+        and the trajectory's decorrelated samples); default 0.2. Without it
+        (None) an optimiser that keeps reusing one trajectory settles on
+        that trajectory's sampling noise (issue 31: 19 % off a known kb).
+      max_reuses: recompute a trajectory that has served this many updates
+        after the one it was sampled for (default 4; 0 recomputes every
+        update; None: no limit). A reused trajectory's error repeats in
+        every update, so without a limit a decaying learning rate stops
+        annealing it (:mod:`chemtrain.learn.reuse`).
       loss_fn: ``fn(predictions, targets) -> loss`` replacing the gamma-
         weighted sum of per-target losses.
       step_size_search: scale each update down (1, 1/2, 1/4, ...) until
@@ -89,8 +100,8 @@ class DifftreParallel(_DifftreCore):
                  quantities: Mapping, targets: Mapping, observables: Mapping | None = None, *,
                  reference_states=None, loss_fn: Callable | None = None,
                  vmap_batch: int | None = 10, **options):
-        # options: sim_batch_size, parallelism, reweight_ratio, step_size_search,
-        # allowed_reduction, n_step_candidates, overflow_capacity_multiplier,
+        # options: sim_batch_size, parallelism, reweight_ratio, max_reuse_se,
+        # max_reuses, step_size_search, allowed_reduction, n_step_candidates, overflow_capacity_multiplier,
         # max_neighbor_retries, checkpoint_path, log_file, plot_file, plot_x,
         # progress, consistency_check_every, name, on_update (see above)
         n = _check_batch_inputs(state_kwargs, targets, reference_states)

@@ -50,6 +50,7 @@ class _DifftreCore(HoldsState, DifftreSampling, DifftreFiles):
 
     def __init__(self, key, init_params, optimizer, *, sim_batch_size: int = 1,
                  parallelism: str = "auto", reweight_ratio: float = 0.9,
+                 max_reuse_se: float | None = 0.2, max_reuses: int | None = 4,
                  step_size_search: bool = False, allowed_reduction: float = 0.5,
                  n_step_candidates: int = 10, overflow_capacity_multiplier: float = 1.5,
                  max_neighbor_retries: int = 3, checkpoint_path: str = "checkpoints",
@@ -59,6 +60,18 @@ class _DifftreCore(HoldsState, DifftreSampling, DifftreFiles):
         if not (isinstance(reweight_ratio, (int, float)) and 0.0 <= reweight_ratio <= 1.0):
             raise ValueError(f"reweight_ratio must be a number in [0, 1] (recompute when "
                              f"N_eff < reweight_ratio * N), got {reweight_ratio!r}.")
+        if max_reuse_se is not None and not (
+                isinstance(max_reuse_se, (int, float)) and not isinstance(max_reuse_se, bool)
+                and 0.0 < max_reuse_se < math.inf):
+            raise ValueError(f"max_reuse_se must be a positive number (recompute once the "
+                             f"parameters moved that many standard errors of the trajectory's "
+                             f"own estimate) or None (only the reweight_ratio rule), got "
+                             f"{max_reuse_se!r}.")
+        if max_reuses is not None and (isinstance(max_reuses, bool) or not isinstance(
+                max_reuses, (int, np.integer)) or max_reuses < 0):
+            raise ValueError(f"max_reuses must be a whole number >= 0 (updates a trajectory may "
+                             f"serve after the one it was sampled for; 0 recomputes every update) "
+                             f"or None (no limit), got {max_reuses!r}.")
         if not 0.0 < allowed_reduction <= 1.0:
             raise ValueError(f"allowed_reduction must be in (0, 1], got {allowed_reduction!r}.")
         if on_update is not None and not callable(on_update):
@@ -80,6 +93,8 @@ class _DifftreCore(HoldsState, DifftreSampling, DifftreFiles):
         self.optimizer = optimizer
         self.sim_batch_size = sim_batch_size
         self.reweight_ratio = float(reweight_ratio)
+        self.max_reuse_se = None if max_reuse_se is None else float(max_reuse_se)
+        self.max_reuses = None if max_reuses is None else int(max_reuses)
         self.step_size_search = bool(step_size_search)
         self.allowed_reduction = float(allowed_reduction)
         self.step_candidates = dt.step_size_candidates(n_step_candidates)
@@ -129,7 +144,16 @@ class _DifftreCore(HoldsState, DifftreSampling, DifftreFiles):
                              target_values, n_snapshots, name, data)
         check_plot_x(self.plot_x, sp)
         self.statepoints.append(sp)
+        self.state = self.state.replace(reuses=self._reuses())
         return sp
+
+    def _reuses(self) -> list:
+        """Per state point, the updates that have reused its trajectory since
+        it was sampled (a fresh list; 0 where a checkpoint of an older
+        version had no count)."""
+        known = list(self.state.reuses)
+        return [int(c) for c in known[:self.n_statepoints]] + \
+            [0] * max(0, self.n_statepoints - len(known))
 
     # -- which state points this process computes -----------------------------
     def batches(self) -> list[list[int]]:
@@ -285,6 +309,10 @@ class _DifftreCore(HoldsState, DifftreSampling, DifftreFiles):
         if not all(bool(jnp.all(jnp.isfinite(p))) for p in jax.tree.leaves(new_params)):
             self._fail(f"The update gives non-finite parameters in {where}.", epoch)
         self.trajstates.update(new)
+        reuses = self._reuses()
+        for j, i in enumerate(batch):
+            reuses[i] = 0 if summed["recomputed"][j] else reuses[i] + 1
+        self.state = self.state.replace(reuses=reuses)
         loss, records = self._records(summed, batch, out, new_params)
         self.state = self.state.replace(params=new_params, opt_state=opt_state,
                                         update_count=self.state.update_count + 1,
@@ -332,13 +360,17 @@ class _DifftreCore(HoldsState, DifftreSampling, DifftreFiles):
             self._preflight(sp, trajs)   # trajectories loaded from a file
             (loss, aux), grad = self._statepoint_result(sp, params, trajs)
             n_eff_start = float(aux["n_eff"])
-            recompute = dt.needs_recompute(n_eff_start, sp.n_snapshots, self.reweight_ratio)
+            n_indep = dt.independent_samples([np.asarray(t.U_ref) for t in trajs])
+            distance = dt.reuse_distance(n_eff_start, sp.n_snapshots, n_indep)
+            recompute = dt.needs_recompute(n_eff_start, sp.n_snapshots, self.reweight_ratio,
+                                           n_indep, self.max_reuse_se, self._reuses()[i],
+                                           self.max_reuses)
             if recompute:
                 keys = [self._train_key(i, c) for c in range(len(trajs))]
                 trajs = new[i] = self._run(sp, params, trajs, keys)
                 (loss, aux), grad = self._statepoint_result(sp, params, trajs)
             out[i] = {"loss": loss, "aux": aux, "grad": grad, "n_eff_start": n_eff_start,
-                      "recomputed": recompute}
+                      "recomputed": recompute, "n_independent": n_indep, "reuse_se": distance}
         return out, new
 
     def _fixed(self, sp, params, trajs):

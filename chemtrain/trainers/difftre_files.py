@@ -19,7 +19,9 @@ class DifftreFiles:
 
     def _capture(self, with_trajstates=True):
         trees, meta = self.store.host(self.state)
-        meta = dict(meta, reweight_ratio=self.reweight_ratio, n_statepoints=self.n_statepoints,
+        meta = dict(meta, reweight_ratio=self.reweight_ratio, max_reuse_se=self.max_reuse_se,
+                    max_reuses=self.max_reuses,
+                    n_statepoints=self.n_statepoints,
                     sim_batch_size=self.sim_batch_size)
         if with_trajstates and self.trajstates:
             data, info = difftre_io.trajstates_to_host(self.trajstates, self.statepoints)

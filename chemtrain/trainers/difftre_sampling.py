@@ -59,7 +59,10 @@ class DifftreSampling:
 
         self.trajstates.update(self._exchange(
             self._agree(compute, "sampling initial trajectories")))
-        self.state = self.state.replace(init_runs=num_runs)
+        reuses = self._reuses()
+        for i in (range(self.n_statepoints) if statepoints is None else statepoints):
+            reuses[i] = 0   # a fresh trajectory
+        self.state = self.state.replace(init_runs=num_runs, reuses=reuses)
 
     def _preflight(self, sp, trajs):
         """Check state point ``sp`` on its first configuration, once

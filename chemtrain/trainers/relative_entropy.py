@@ -3,10 +3,12 @@ minimisation of a (coarse-grained) potential against mapped reference
 configurations, on the DiffTRe loop of :mod:`.difftre_core`.
 
 It shares everything with DiffTRe but the per-state-point numbers: the
-trajectories (reused while N_eff >= reweight_ratio x N, recomputed
-otherwise, neighbor-list restarts), the step-size search, state points
-spread over MPI ranks, checkpoints, error states and trajectory files. Per
-state point and update it computes the relative-entropy gradient from its
+trajectories (reused while N_eff >= reweight_ratio x N, the parameters stay
+within max_reuse_se standard errors of the trajectory's own estimate and it
+has served fewer than max_reuses updates; recomputed otherwise;
+neighbor-list restarts), the step-size search, state points spread over
+MPI ranks, checkpoints, error states and trajectory files. Per state point
+and update it computes the relative-entropy gradient from its
 stored snapshots and a random batch of its reference configurations
 (:mod:`chemtrain.learn.relative_entropy`), and after the update the
 estimated change of the relative entropy, whose running sum per state point
@@ -127,7 +129,10 @@ class RelativeEntropy(_DifftreCore):
     :meth:`train`. Each update draws a reference batch per state point,
     takes the gradient ``beta (<dU/dtheta>_ref - <dU/dtheta>_theta)`` with
     the model average reweighted from the stored trajectory (recomputed when
-    N_eff < reweight_ratio x N) and averages it over the batch's state
+    N_eff < reweight_ratio x N, when the parameters have moved more than
+    ``max_reuse_se`` standard errors of that trajectory's own estimate since
+    it was sampled, or after ``max_reuses`` reuses: see
+    :mod:`chemtrain.learn.reuse`) and averages it over the batch's state
     points. Other options as in :class:`DifftreParallel` (``key``,
     ``parallelism``, ``step_size_search``, ``checkpoint_path``,
     ``log_file``, ``plot_file``, ``progress``, ``on_update``, ...); NVT
@@ -137,8 +142,11 @@ class RelativeEntropy(_DifftreCore):
     estimated change of the relative entropy since the initial parameters,
     the running sum of ``delta_s_rel``), ``delta_s_rel`` (this update's
     change, by free-energy perturbation), ``grad_norm`` (of its gradient),
-    ``n_eff`` (before any recompute) and ``recomputed``; per epoch the norm
-    of every update's mean gradient (``grad_norms``) and its step sizes.
+    ``n_eff`` (before any recompute), ``recomputed``, ``n_independent``
+    (decorrelated samples of the trajectory it started from) and
+    ``reuse_se`` (how far the parameters had moved from it, in its standard
+    errors); per epoch the norm of every update's mean gradient
+    (``grad_norms``) and its step sizes.
     """
 
     trainer_name = "RelativeEntropy"
@@ -261,7 +269,9 @@ class RelativeEntropy(_DifftreCore):
                           "grad_norm": float(summed["grad_norm"][j]),
                           "n_eff": float(summed["n_eff_start"][j]),
                           "n_snapshots": self.statepoints[i].n_snapshots,
-                          "recomputed": bool(summed["recomputed"][j])}
+                          "recomputed": bool(summed["recomputed"][j]),
+                          "n_independent": float(summed["n_independent"][j]),
+                          "reuse_se": float(summed["reuse_se"][j])}
         self.state = self.state.replace(s_rel=s_rel)
         return float(np.mean([s_rel[i] for i in batch])), records
 

@@ -125,8 +125,10 @@ class CheckpointStore:
         own = self.host(state)[0]
         meta, trees = self.load(path, own, check)
         placed = {name: self.place(name, trees[name]) for name in own}
-        # version 1 (attribute-by-attribute trainers) stored the same fields
-        restored = type(state).join(placed, {k: meta[k] for k in type(state).plain_fields()})
+        # version 1 (attribute-by-attribute trainers) stored the same fields;
+        # fields added since (the state's ADDED) are filled in by join
+        restored = type(state).join(
+            placed, {k: meta[k] for k in type(state).plain_fields() if k in meta})
         return restored, meta
 
     def _meta(self, meta: Mapping, kind: str) -> dict:

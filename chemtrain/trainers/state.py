@@ -47,6 +47,7 @@ class TrainerState:
     ``TREES``; every other field must hold plain data."""
 
     TREES: ClassVar[tuple[str, ...]] = ()
+    ADDED: ClassVar[dict] = {}   # plain field -> factory of its value where a file lacks it
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -71,6 +72,7 @@ class TrainerState:
     @classmethod
     def join(cls, trees: Mapping[str, Any], plain: Mapping[str, Any]):
         """The state made of :meth:`split`'s two parts (lists stay lists)."""
+        plain = {**{n: make() for n, make in cls.ADDED.items() if n not in plain}, **plain}
         missing = [n for n in (*cls.TREES, *cls.plain_fields())
                    if n not in (trees if n in cls.TREES else plain)]
         if missing:
@@ -124,17 +126,20 @@ class FMState(TrainerState):
 class DifftreState(TrainerState):
     """What a DiffTRe run continues from: parameters and optimizer state
     (arrays); epoch and update counts, the number of initial runs and the
-    histories (plain data). The trajectory states, which a checkpoint holds
-    as well, are kept beside it (their plain-data form is
+    histories (plain data); ``reuses``, per state point, how many updates
+    have reused its trajectory since it was sampled. The trajectory states,
+    which a checkpoint holds as well, are kept beside it (their plain-data form is
     :mod:`chemtrain.trainers.difftre_io`'s)."""
 
     TREES: ClassVar[tuple[str, ...]] = ("params", "opt_state")
+    ADDED: ClassVar[dict] = {"reuses": list}   # absent from checkpoints of older versions
 
     params: Any
     opt_state: Any
     epoch: int = 0
     update_count: int = 0
     init_runs: int = 0
+    reuses: list = dataclasses.field(default_factory=list)
     history: list = dataclasses.field(default_factory=list)
     epoch_losses: list = dataclasses.field(default_factory=list)
     update_losses: list = dataclasses.field(default_factory=list)

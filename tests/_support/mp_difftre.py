@@ -99,7 +99,10 @@ def main():
         write("resumed", state(tr))
         # folding: 5 state points in batches [0, 1] and [2, 3, 4], plain SGD
         records, on_update = update_recorder()
+        # (only the overlap rule: the test recomputes the last gradient from the
+        # stored trajectories)
         tr = bonded_pair(5, sim_batch_size=2, optimizer=optax.sgd(1e-3), parallelism="mpi",
+                         max_reuse_se=None, max_reuses=None,
                          checkpoint_path=folder("fold"), on_update=on_update)
         tr.initialize_trajstates()
         tr.train(2)
