@@ -21,7 +21,12 @@ own checkpoint (``<name>.npz``: parameters, optimizer state, histories,
 trajectory states) and, written last, ``fused.npz`` (the fused epoch, the
 turn order and the fused history): plain data throughout, and a folder
 without ``fused.npz`` is an incomplete checkpoint that :meth:`restore`
-refuses.
+refuses. Saving into an existing folder first removes its ``fused.npz``, so
+a write cut short leaves an incomplete folder, not a mixed one; ``fused.npz``
+records each trainer's run id and epoch, which :meth:`restore` compares with
+the trainer files. A folder of another run is never written over, and
+training on from an earlier epoch refuses a folder that holds later ones
+(as a single trainer does).
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ import numpy as np
 from ..checkpoint import CheckpointError
 from ..parallel import on_root
 from .report import Reporter, check_epochs
-from .services import CheckpointStore, collective
+from .services import CheckpointStore, collective, read_meta
 from .state import check_like
 
 MARKER = "fused.npz"
@@ -93,12 +98,14 @@ class InterleaveTrainers:
                        f"trainer {name!r}'s parameters (interleaved trainers share one set)")
         else:
             self.store = CheckpointStore(trainer.strategy, self.folder, "InterleaveTrainers",
-                                         replicated=())
+                                         replicated=(), marker=MARKER)
             self.reporter = Reporter(trainer.strategy, self.log_file, self.progress)
         self.parts.append((name, trainer, int(num_updates)))
 
     @property
     def strategy(self):
+        if not self.parts:
+            raise RuntimeError("No trainers yet: add_trainer(trainer, num_updates, name) first.")
         return self.parts[0][1].strategy
 
     @property
@@ -119,6 +126,7 @@ class InterleaveTrainers:
         if not self.parts:
             raise RuntimeError("No trainers yet: add_trainer() first.")
         check_epochs(max_epochs, checkpoint_freq)
+        self._check_same_turns()
         if checkpoint_freq:
             self.store.check_folder(self.epoch)
         self.reporter.claim(self.store.run_id)
@@ -144,19 +152,45 @@ class InterleaveTrainers:
         if self.plot_file:
             self.plot(self.plot_file)
 
+    def _check_same_turns(self) -> None:
+        """Every process must have the same trainers, names, num_updates and
+        order: otherwise their turns would wait on each other for ever."""
+        self.strategy.check_same([[n, type(t).__name__, k] for n, t, k in self.parts],
+                                 "the InterleaveTrainers turns ([name, trainer, num_updates] "
+                                 "in the order added)")
+
     # -- files ----------------------------------------------------------------
     @collective
     def save_checkpoint(self, path: str) -> None:
         """Write the folder ``path``: every trainer's checkpoint, then the
-        fused state (atomically, root process)."""
-        on_root(self.strategy, lambda: os.makedirs(path, exist_ok=True), only_root=True)
+        fused state (atomically, root process). A folder of another run is
+        refused; this run's is first marked incomplete (its ``fused.npz``
+        removed), so an interrupted write is never restored."""
+        self._check_same_turns()
+        marker = os.path.join(path, MARKER)
+
+        def prepare():
+            if os.path.exists(path) and not os.path.isdir(path):
+                raise CheckpointError(f"{path!r} is a file; an InterleaveTrainers checkpoint is "
+                                      f"a folder. Pass another path.")
+            self.store.check_not_foreign(marker)
+            for name, trainer, _ in self.parts:
+                store = getattr(trainer, "store", None)
+                if store is not None:
+                    store.check_not_foreign(os.path.join(path, f"{name}.npz"))
+            os.makedirs(path, exist_ok=True)
+            if os.path.exists(marker):
+                os.remove(marker)
+        on_root(self.strategy, prepare, only_root=True)
         for name, trainer, _ in self.parts:
             trainer.save_checkpoint(os.path.join(path, f"{name}.npz"))
-        self.store.save(os.path.join(path, MARKER), {}, self._meta())
+        self.store.save(marker, {}, self._meta())
 
     def _meta(self) -> dict:
+        parts = {n: {"run_id": getattr(getattr(t, "store", None), "run_id", None),
+                     "epoch": int(t.epoch)} for n, t, _ in self.parts}
         return {"epoch": self.epoch, "trainers": [[n, k] for n, _, k in self.parts],
-                "history": self.history}
+                "parts": parts, "history": self.history}
 
     @collective
     def restore(self, path: str) -> None:
@@ -176,6 +210,21 @@ class InterleaveTrainers:
                                       f"{meta.get('trainers')} ([name, num_updates] in turn "
                                       f"order); this run has {want}.")
         meta, _ = self.store.load(marker, {}, check)
+
+        def check_parts():   # every trainer file is the one the marker was written with
+            for name, want in (meta.get("parts") or {}).items():
+                file = os.path.join(path, f"{name}.npz")
+                got = read_meta(file)
+                if got is None or got.get("run_id") != want["run_id"] \
+                        or int(got.get("epoch", -1)) != want["epoch"]:
+                    found = ("missing" if got is None else
+                             f"run {got.get('run_id')}, epoch {got.get('epoch')}")
+                    raise CheckpointError(
+                        f"{file!r} is not the file {marker!r} was written with (want run "
+                        f"{want['run_id']}, epoch {want['epoch']}; found {found}): the folder "
+                        f"mixes checkpoints of different runs or saves. Restore another "
+                        f"epoch's folder.")
+        on_root(self.strategy, check_parts, only_root=True)
         for name, trainer, _ in self.parts:
             trainer.restore(os.path.join(path, f"{name}.npz"))
         self.epoch, self.history = int(meta["epoch"]), list(meta["history"])

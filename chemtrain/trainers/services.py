@@ -69,12 +69,17 @@ class CheckpointStore:
       strategy: the run's parallel strategy.
       folder: where epoch checkpoints and error states go.
       trainer: the trainer's name, stored in and checked on every file.
+      marker: for trainers whose epoch checkpoints are folders
+        ``epoch_NNNNN/`` (``InterleaveTrainers``), the file written last in
+        each, whose run id is the folder's; None for ``epoch_NNNNN.npz``.
     """
 
-    def __init__(self, strategy, folder: str, trainer: str, replicated=("params", "opt_state")):
+    def __init__(self, strategy, folder: str, trainer: str, replicated=("params", "opt_state"),
+                 marker: str | None = None):
         self.strategy = strategy
         self.folder = folder
         self.trainer = trainer
+        self.marker = marker
         self.replicated = tuple(replicated)
         self.run_id = strategy.bcast_object(uuid.uuid4().hex if strategy.is_root else None)
         self._folder_checked = False
@@ -142,6 +147,8 @@ class CheckpointStore:
         full = self._meta(meta, kind)
 
         def write():
+            if kind == "checkpoint":
+                self.check_not_foreign(path)
             try:
                 ckpt.save(path, trees, full)
             except OSError as e:
@@ -150,6 +157,31 @@ class CheckpointStore:
             log.info("Saved %s to %s (epoch %s)", kind, path, meta.get("epoch"))
 
         on_root(self.strategy, write, only_root=True)
+
+    def check_not_foreign(self, path: str) -> None:
+        """Refuse (on the calling process) to replace ``path`` when it holds a
+        checkpoint of another run."""
+        if not os.path.exists(path):
+            return
+        run = read_run_id(path)
+        if run is not None and run != self.run_id:
+            raise ckpt.CheckpointError(
+                f"{path!r} holds a checkpoint of another run (run {run}); writing there would "
+                f"replace it. Save to another path, move that file away, or continue that run "
+                f"with trainer.restore({path!r}).")
+
+    def _epoch_entries(self) -> list[tuple[str, str | None]]:
+        """(name, run id) of each epoch checkpoint in the folder; a folder
+        checkpoint without its marker (an incomplete one) has run id None."""
+        if self.marker is None:
+            return [(path, read_run_id(path))
+                    for path in sorted(glob.glob(os.path.join(self.folder, "epoch_*.npz")))]
+        out = []
+        for path in sorted(glob.glob(os.path.join(self.folder, "epoch_*"))):
+            if os.path.isdir(path) and os.listdir(path):
+                marker = os.path.join(path, self.marker)
+                out.append((path, read_run_id(marker) if os.path.exists(marker) else None))
+        return out
 
     def epoch_path(self, epoch: int) -> str:
         return os.path.join(self.folder, f"epoch_{epoch:05d}.npz")
@@ -163,8 +195,7 @@ class CheckpointStore:
         def check():
             owner = claim_folder(self.folder, self.run_id)
             foreign, later = {}, []
-            for path in sorted(glob.glob(os.path.join(self.folder, "epoch_*.npz"))):
-                run = read_run_id(path)
+            for path, run in self._epoch_entries():
                 if run != self.run_id:
                     foreign.setdefault(run, []).append(os.path.basename(path))
                 elif _epoch_of(path) > epoch:
@@ -172,7 +203,8 @@ class CheckpointStore:
             if owner != self.run_id:
                 foreign.setdefault(owner, []).append(OWNER_FILE)
             if foreign:
-                runs = "; ".join(f"run {r}: {', '.join(f[:3])}{' ...' if len(f) > 3 else ''}"
+                runs = "; ".join(f"{'run ' + r if r else 'unreadable or incomplete'}: "
+                                 f"{', '.join(f[:3])}{' ...' if len(f) > 3 else ''}"
                                  for r, f in foreign.items())
                 raise ckpt.CheckpointError(
                     f"The checkpoint folder {self.folder!r} already holds checkpoints of another "
@@ -293,20 +325,28 @@ def claim_folder(folder: str, run_id: str) -> str | None:
 
 
 def _epoch_of(path: str) -> int:
+    name = os.path.basename(os.path.normpath(path))
     try:
-        return int(os.path.basename(path)[len("epoch_"):-len(".npz")])
+        return int(name[len("epoch_"):].removesuffix(".npz"))
     except ValueError:
         return -1
 
 
-def read_run_id(path: str) -> str | None:
-    """The run id in a checkpoint's header, without reading its arrays
-    (None when the file is not readable as a checkpoint)."""
+def read_meta(path: str) -> dict | None:
+    """A checkpoint's header (its metadata), without reading its arrays
+    (None when the file is missing or not readable as a checkpoint)."""
     try:
         with np.load(path, allow_pickle=False) as z:
-            return json.loads(z["__meta__"].tobytes().decode()).get("run_id")
+            return json.loads(z["__meta__"].tobytes().decode())
     except Exception:  # noqa: BLE001 - any unreadable file counts as foreign
         return None
+
+
+def read_run_id(path: str) -> str | None:
+    """The run id in a checkpoint's header (None when the file is not
+    readable as a checkpoint)."""
+    meta = read_meta(path)
+    return None if meta is None else meta.get("run_id")
 
 
 def check_consistency(strategy, trees: Mapping, step: int) -> None:
