@@ -321,6 +321,23 @@ def test_refuses_missing_forces_and_bad_split(data, tmp_path):
     assert not (tmp_path / "a").exists()
 
 
+def test_an_error_on_one_mpi_rank_ends_every_rank(data, tmp_path):
+    """mpirun -np 2 where rank 1's --train_file is missing (issue 37): rank 1
+    stops with its one-line error before any trainer exists, and rank 0,
+    which would wait for it in the first collective, ends too."""
+    missing = str(tmp_path / "missing.npz")
+    driver = ("import os, sys; from chemtrain.finetune import main; "
+              "argv = sys.argv[1:]; rank = os.environ.get('PMI_RANK', '0'); "
+              f"argv[1] = argv[1] if rank == '0' else {missing!r}; sys.exit(main(argv))")
+    _, argv = job(data, "one_rank_missing", "npz", "mpi")
+    code, text, seconds = mp.mpirun(2, ["-c", driver, *argv], devices=1, timeout=300)
+    assert code != 0, text[-3000:]
+    assert text.count("missing.npz' does not exist") == 1, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert seconds < 120, seconds
+    assert not os.path.exists(str(data["dir"] / "one_rank_missing" / "checkpoints"))
+
+
 def test_refuses_elements_the_foundation_lacks(data, foundation, tmp_path):
     from chemtrain.finetune import DataError
     with pytest.raises(DataError, match=r"atomic numbers \[29\] that the foundation model .* "

@@ -254,12 +254,29 @@ def run(argv=None) -> dict:
 
 def main(argv=None) -> int:
     """Console entry point: errors in the flags or the data end the job with
-    their message (exit code 2); nothing has been written then."""
+    their message (exit code 2); nothing has been written then. Under an MPI
+    launcher with several ranks such an error on one rank ends every rank
+    (``MPI_Abort``): the others may be waiting for it in a collective."""
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     logging.getLogger("jax").setLevel(logging.WARNING)
     try:
         run(argv)
     except DataError as e:
-        print(f"chemtrain-finetune: error: {e}", file=sys.stderr)
+        print(f"chemtrain-finetune: error: {e}", file=sys.stderr, flush=True)
+        _end_every_rank(2)
         return 2
     return 0
+
+
+def _end_every_rank(code: int) -> None:
+    """Abort the whole MPI job when this process is one of several ranks."""
+    from ..parallel import launched_by_mpi_with_several_ranks
+    if not launched_by_mpi_with_several_ranks():
+        return
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return
+    if MPI.COMM_WORLD.Get_size() > 1:
+        sys.stdout.flush()
+        MPI.COMM_WORLD.Abort(code)
