@@ -11,6 +11,35 @@ mace-torch's name and default meaning (``--train_file``, ``--energy_key``,
 from __future__ import annotations
 
 import argparse
+import math
+
+
+def _number(kind, low, low_open, high=None, high_open=True, what=""):
+    """An argparse type: a finite ``kind`` within the bounds, else an error
+    naming the accepted range (argparse adds the flag's name)."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {'a whole number' if kind is int else 'a number'}") from None
+        bad = not math.isfinite(value) or value < low or (low_open and value == low)
+        if high is not None:
+            bad = bad or value > high or (high_open and value == high)
+        if bad:
+            lo = f"{'>' if low_open else '>='} {low}"
+            hi = "" if high is None else f" and {'<' if high_open else '<='} {high}"
+            raise argparse.ArgumentTypeError(f"must be {lo}{hi}{what}, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+_POSITIVE = _number(float, 0.0, True)
+_WEIGHT = _number(float, 0.0, False, what=" (0 leaves that target out)")
+_FRACTION = _number(float, 0.0, False, 1.0, True)
+_COUNT = _number(int, 0, False)
+_AT_LEAST_ONE = _number(int, 1, False)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -26,15 +55,15 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--valid_file", help="validation set (default: taken from --train_file)")
     g.add_argument("--test_file", help="test set (default: taken from --train_file with "
                                        "--n_test/--test_fraction, else none)")
-    g.add_argument("--valid_fraction", type=float, default=0.1,
+    g.add_argument("--valid_fraction", type=_FRACTION, default=0.1,
                    help="fraction of --train_file used for validation (without --valid_file)")
-    g.add_argument("--test_fraction", type=float, default=0.0,
+    g.add_argument("--test_fraction", type=_FRACTION, default=0.0,
                    help="chemtrain: fraction of --train_file held out for testing")
-    g.add_argument("--n_train", type=int, help="chemtrain: number of training structures "
+    g.add_argument("--n_train", type=_AT_LEAST_ONE, help="chemtrain: number of training structures "
                                               "(default: all that remain)")
-    g.add_argument("--n_valid", type=int, help="chemtrain: number of validation structures "
+    g.add_argument("--n_valid", type=_COUNT, help="chemtrain: number of validation structures "
                                               "(instead of --valid_fraction)")
-    g.add_argument("--n_test", type=int, help="chemtrain: number of test structures "
+    g.add_argument("--n_test", type=_COUNT, help="chemtrain: number of test structures "
                                              "(instead of --test_fraction)")
     g.add_argument("--energy_key", default="REF_energy",
                    help="extxyz key of reference energies (eV); 'energy' reads ASE's own")
@@ -54,29 +83,29 @@ def parser() -> argparse.ArgumentParser:
                    help="'average' (least squares of the training energies on the element "
                         "counts, as mace-torch), 'foundation' (keep the foundation model's), or "
                         "a dict such as '{1: -13.6, 6: -1027.6}' (eV)")
-    g.add_argument("--num_channels", type=int, default=8, help="channels of the hidden features")
+    g.add_argument("--num_channels", type=_AT_LEAST_ONE, default=8, help="channels of the hidden features")
     g.add_argument("--max_L", type=int, default=0, help="highest L of the hidden features")
     g.add_argument("--max_ell", type=int, default=1, help="highest l of the spherical harmonics")
     g.add_argument("--correlation", type=int, default=2, help="correlation order of each layer")
-    g.add_argument("--r_max", type=float, default=4.0, help="cutoff (Angstrom)")
+    g.add_argument("--r_max", type=_POSITIVE, default=4.0, help="cutoff (Angstrom)")
     g.add_argument("--num_interactions", type=int, default=2)
     g.add_argument("--num_radial_basis", type=int, default=10)
     g.add_argument("--num_cutoff_basis", type=int, default=5)
     g.add_argument("--radial_MLP", default="[64, 64, 64]", help="widths of the radial MLP")
     g.add_argument("--MLP_irreps", default="16x0e", help="hidden irreps of the last readout")
     g = p.add_argument_group("training")
-    g.add_argument("--energy_weight", type=float, default=1.0,
+    g.add_argument("--energy_weight", type=_WEIGHT, default=1.0,
                    help="weight of the squared energy error per atom (eV^2), as mace-torch's "
                         "'weighted' loss")
-    g.add_argument("--forces_weight", type=float, default=1.0,
+    g.add_argument("--forces_weight", type=_WEIGHT, default=1.0,
                    help="weight of the squared force-component error ((eV/A)^2)")
-    g.add_argument("--stress_weight", type=float, default=0.0,
+    g.add_argument("--stress_weight", type=_WEIGHT, default=0.0,
                    help="weight of the squared stress-component error ((eV/A^3)^2)")
-    g.add_argument("--batch_size", type=int, default=2, help="structures per step, over all "
+    g.add_argument("--batch_size", type=_AT_LEAST_ONE, default=2, help="structures per step, over all "
                                                              "devices and ranks")
-    g.add_argument("--max_num_epochs", type=int, default=10, help="epochs in all (a resumed "
+    g.add_argument("--max_num_epochs", type=_COUNT, default=10, help="epochs in all (a resumed "
                                                                   "run continues up to this)")
-    g.add_argument("--lr", type=float, default=0.01, help="peak learning rate (Adam, cosine "
+    g.add_argument("--lr", type=_POSITIVE, default=0.01, help="peak learning rate (Adam, cosine "
                                                           "decay to 5 %% of it)")
     g.add_argument("--seed", type=int, default=0, help="split, initialisation and batch order")
     g.add_argument("--default_dtype", default="float32", choices=["float32", "float64"])
@@ -88,7 +117,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--name", default="model", help="file name of the written models")
     g.add_argument("--restart_latest", "--resume", dest="restart_latest", action="store_true",
                    help="continue from the last checkpoint in --results_dir")
-    g.add_argument("--checkpoint_every", type=int, default=5, help="chemtrain: epochs between "
+    g.add_argument("--checkpoint_every", type=_AT_LEAST_ONE, default=5, help="chemtrain: epochs between "
                                                                    "checkpoints")
     g.add_argument("--no_torch_export", action="store_true",
                    help="chemtrain: do not write the mace-torch .model (needs torch)")
