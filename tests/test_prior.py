@@ -66,6 +66,28 @@ def test_sum_of_templates_is_the_sum_of_its_parts(system):
         freeze(optax.sgd(0.1), p, ["priors"])
 
 
+def test_bad_parts_and_names_are_clear_errors(system):
+    """Issue 37: names that collide as strings, a string for one frozen name,
+    other parameter structures and a missing prior parameter."""
+    displacement, nbr_fn = system
+    lj = lennard_jones_template(displacement, 0.9)
+    prior = repulsive_template(displacement, 0.8)
+    with pytest.raises(ValueError, match=r"non-empty strings .*\[1\]"):
+        sum_templates({1: prior, "1": lj})   # before: both became "1", the prior was lost
+    with pytest.raises(ValueError, match=r"missing \['epsilon'\]"):
+        prior({"sigma": 0.3})
+    p = {"prior": {"sigma": 0.3, "epsilon": 1.0}, "lj": {"sigma": 0.34, "epsilon": 0.99}}
+    one = freeze(optax.sgd(0.1), p, "prior")   # before: frozen ['i', 'o', 'p', 'r']
+    grads = jax.tree.map(lambda v: 1.0, p)
+    updates, _ = one.update(grads, one.init(p), p)
+    assert updates["prior"] == {"sigma": 0.0, "epsilon": 0.0}
+    assert updates["lj"]["sigma"] == pytest.approx(-0.1)
+    with pytest.raises(ValueError, match=r"params must be the dict"):
+        freeze(optax.sgd(0.1), [p], ["prior"])
+    with pytest.raises(ValueError, match=r"frozen must be names"):
+        freeze(optax.sgd(0.1), p, [0])
+
+
 def test_frozen_prior_stays_bitwise_unchanged(tmp_path):
     with jax.enable_x64(True):
         tr, _ = ex.bond_trainer(0, frames=50, production=2.0, prior=True, progress=False,

@@ -40,6 +40,12 @@ def repulsive_template(displacement_fn: Callable, r_cutoff: float,
         lambda r, sigma, epsilon: epsilon * (sigma / r) ** 12, r_onset, r_cutoff)
 
     def template(params):
+        missing = (["sigma", "epsilon"] if not isinstance(params, Mapping) else
+                   [k for k in ("sigma", "epsilon") if k not in params])
+        if missing:
+            raise ValueError(f"repulsive_template's parameters are a dict {{'sigma': nm, "
+                             f"'epsilon': kJ/mol}}; missing {missing} in {params!r}.")
+
         def energy_fn(positions, neighbor, **kwargs):
             return pair_energy(lambda r: switched(r, params["sigma"], params["epsilon"]),
                                displacement_fn, positions, neighbor, **_box(kwargs))
@@ -56,7 +62,12 @@ def sum_templates(templates: Mapping[str, Callable]) -> EnergyTemplate:
     if not isinstance(templates, Mapping) or not templates:
         raise ValueError(f"sum_templates needs a non-empty dict {{name: template}}, got "
                          f"{templates!r}.")
-    parts = {str(name): as_template(t) for name, t in templates.items()}
+    bad = [name for name in templates if not isinstance(name, str) or not name]
+    if bad:
+        raise ValueError(f"sum_templates: the names of the parts must be non-empty strings "
+                         f"(they key the parameters), got {bad!r}; name them e.g. 'prior', "
+                         f"'mace'.")
+    parts = {name: as_template(t) for name, t in templates.items()}
 
     def fn(params):
         missing = sorted(set(parts) - set(params)) if isinstance(params, Mapping) else None
@@ -84,7 +95,16 @@ def freeze(optimizer: optax.GradientTransformation, params: Mapping,
            frozen: Sequence[str]) -> optax.GradientTransformation:
     """``optimizer`` for the entries of ``params`` not named in ``frozen``;
     the named top-level entries get zero updates, so they stay bitwise
-    unchanged (e.g. ``freeze(optax.adam(1e-3), params, ["prior"])``)."""
+    unchanged (e.g. ``freeze(optax.adam(1e-3), params, ["prior"])``; one
+    name may be given as a string)."""
+    if not isinstance(params, Mapping):
+        raise ValueError(f"freeze: params must be the dict of the parameters whose top-level "
+                         f"entries are frozen or trained, got {type(params).__name__}.")
+    if isinstance(frozen, str):
+        frozen = [frozen]
+    if not all(isinstance(k, str) for k in frozen):
+        raise ValueError(f"freeze: frozen must be names of top-level entries of the parameters "
+                         f"{sorted(params)}, got {frozen!r}.")
     unknown = sorted(set(frozen) - set(params))
     if unknown:
         raise ValueError(f"freeze: {unknown} are not entries of the parameters "
