@@ -143,6 +143,13 @@ def test_params_handed_over_between_trainers(tmp_path):
                          a.params)
     with pytest.raises(ValueError, match="expected shape"):
         b.params = wrong
+    # non-finite values are refused, naming the leaf (issue 37: they were
+    # blamed on jax-md padding at the next step), and the trainer keeps its own
+    kept = b.strategy.to_host(b.params)
+    nan = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan) if x is leaf else x, a.params)
+    with pytest.raises(ValueError, match=r"non-finite values .* in \["):
+        b.params = nan
+    assert _equal(b.strategy.to_host(b.params), kept)
 
 
 def test_on_update_reports_every_applied_update(tmp_path):

@@ -159,10 +159,17 @@ def checked_params(strategy, current, params):
     checking on every process that they have the structure, shapes and
     dtypes of ``current`` (host numpy): how one trainer hands its parameters
     to another. A mismatch on any process raises on all of them before
-    anything is sent (a broadcast of unequal structures could wait forever)."""
+    anything is sent (a broadcast of unequal structures could wait forever).
+    Non-finite values are refused too: training from them could only fail
+    later, blamed on something else."""
     def check():
         host = jax.tree.map(np.asarray, params)
         check_like(current, host, "the trainer's", "the new parameters")
+        for path, leaf in jax.tree_util.tree_flatten_with_path(host)[0]:
+            if np.issubdtype(leaf.dtype, np.inexact) and not np.all(np.isfinite(leaf)):
+                raise ValueError(f"The new parameters hold non-finite values (NaN or inf) in "
+                                 f"{jax.tree_util.keystr(path)}; set finite parameters (the "
+                                 f"trainer keeps its own).")
         return host
     return strategy.broadcast_from_root(agree(strategy, check, "checking the new parameters"))
 
