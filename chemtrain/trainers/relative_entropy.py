@@ -279,8 +279,9 @@ class RelativeEntropy(_DifftreCore):
         """DiffTRe's first-configuration check, then: NVT only, and the first
         reference frame has a finite energy on a list that holds it."""
         if sp.index not in sp.fns.checked:
-            first = jax.tree.map(lambda x: x[0], trajs[0].snapshots)
-            if is_npt(first):
+            # the simulator's state: before the first run a trajectory has no
+            # snapshots yet (checking those let NPT through, issue 37)
+            if is_npt(trajs[0].sim_state):
                 raise ValueError(f"State point {sp.name}: RelativeEntropy assumes a fixed box "
                                  f"(NVT); the simulator gives NPT states. Use an NVT simulator "
                                  f"such as jax_md.simulate.nvt_langevin.")
