@@ -39,3 +39,21 @@ def test_npt_simulator_is_refused_before_sampling(tmp_path):
                                {"kT": 2.56, "mass": 15.0, "box": box}, frames[0],
                                reference_batch_size=10)
     assert not os.path.exists(tmp_path / "ck") or not os.listdir(tmp_path / "ck")
+
+
+def test_kt_in_kelvin_is_warned_about(tmp_path):
+    """kT = 300 (a temperature in kelvin, 36,000 K as kJ/mol) passes the
+    checks of a positive number; a warning names the likely mistake."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples",
+                                    "relative_entropy"))
+    import cg_bond_and_lj as ex
+    with pytest.warns(UserWarning, match=r"kT = 300 kJ/mol is 36,082 K.*chemtrain\.units\.kT"
+                                         r"\(300\) = 2\.494"):
+        ex.bond_trainer(0, kTs=(300.0,), frames=10, initialize=False, progress=False,
+                        checkpoint_path=str(tmp_path / "a"))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)   # 2.56 kJ/mol (308 K) is quiet
+        ex.bond_trainer(0, frames=10, initialize=False, progress=False,
+                        checkpoint_path=str(tmp_path / "b"))

@@ -4,6 +4,7 @@ quantities and targets share (:class:`StatePointFunctions`)."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 import zlib
 from typing import Any
 
@@ -14,6 +15,10 @@ import numpy as np
 from ..learn import difftre as dt
 from ..learn.difftre_grad import make_value_and_grad
 from ..simulate.trajectory import make_trajectory
+from ..units import BOLTZMANN_KJ_PER_MOL_K
+
+#: kT above this (kJ/mol, about 3,000 K) is warned about: likely a temperature in kelvin
+KT_PLAUSIBLE = 25.0
 
 
 class SimulationFunctions:
@@ -115,6 +120,14 @@ def make_statepoint(index: int, fns: StatePointFunctions, state_kwargs, referenc
         raise ValueError(f"State point {index}: state_kwargs['kT'] must be one positive, finite "
                          f"number (the thermal energy in kJ/mol, e.g. chemtrain.units.kT(300.0) "
                          f"= 2.494), got {state_kwargs['kT']!r}.")
+    if float(kT.ravel()[0]) > KT_PLAUSIBLE:
+        kelvin = float(kT.ravel()[0]) / BOLTZMANN_KJ_PER_MOL_K
+        warnings.warn(f"State point {index}: kT = {float(kT.ravel()[0]):g} kJ/mol is "
+                      f"{kelvin:,.0f} K. kT is the thermal energy in kJ/mol, not a temperature: "
+                      f"for {float(kT.ravel()[0]):g} K pass chemtrain.units.kT("
+                      f"{float(kT.ravel()[0]):g}) = "
+                      f"{float(kT.ravel()[0]) * BOLTZMANN_KJ_PER_MOL_K:.4g}.", UserWarning,
+                      stacklevel=3)
     reference = jnp.asarray(reference)
     if not jnp.issubdtype(reference.dtype, jnp.floating):
         raise TypeError(f"State point {index}: the reference positions must be floating point, "
