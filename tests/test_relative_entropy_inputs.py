@@ -57,3 +57,17 @@ def test_kt_in_kelvin_is_warned_about(tmp_path):
         warnings.simplefilter("error", UserWarning)   # 2.56 kJ/mol (308 K) is quiet
         ex.bond_trainer(0, frames=10, initialize=False, progress=False,
                         checkpoint_path=str(tmp_path / "b"))
+
+
+def test_reference_frames_in_other_units_are_refused(tmp_path):
+    """Frames in Angstrom (x10) for a model in nm: before, it trained (bonds
+    folded by the minimum image)."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples",
+                                    "relative_entropy"))
+    import cg_bond_and_lj as ex
+    frames = ex.exact_bond_frames(10, 3)
+    with pytest.raises(ValueError, match=r"reference frame 0 spans .* times as much\. Pass "
+                                         r"reference frames in the model's units"):
+        ex.bond_trainer(0, frames=10, reference_data=10.0 * frames, production=0.2,
+                        progress=False, checkpoint_path=str(tmp_path / "a"))

@@ -286,6 +286,7 @@ class RelativeEntropy(_DifftreCore):
                                  f"(NVT); the simulator gives NPT states. Use an NVT simulator "
                                  f"such as jax_md.simulate.nvt_langevin.")
             R = sp.data.take(np.arange(1))
+            check_frame_scale(sp.name, np.asarray(R)[0], np.asarray(sp.reference)[0])
             U = self._on_reference_frames(sp, R, lambda nbrs: sp.fns.reference_energies(
                 self.params, R, nbrs, sp.state_kwargs))
             if not np.isfinite(np.asarray(U)).all():
@@ -329,3 +330,23 @@ def plot_history(history, path: str) -> None:
         ax.set_ylabel(label)
     ax_s.legend(fontsize=7)
     fig.savefig(path, dpi=110)
+
+
+#: reference frames spanning more than this many times the simulation's
+#: reference state (or less than its inverse) are refused as in other units
+FRAME_SCALE_LIMIT = 4.0
+
+
+def check_frame_scale(name, frame, reference_state) -> None:
+    """Refuse a reference frame whose positions span a region of another size
+    than the simulation's reference state (largest extent over the
+    dimensions): frames in Angstrom for a model in nm span 10 times as much,
+    and the minimum image would fold their bonds silently."""
+    span = float(np.max(np.ptp(frame, axis=0)))
+    own = float(np.max(np.ptp(reference_state, axis=0)))
+    if own > 0 and span > 0 and not 1 / FRAME_SCALE_LIMIT <= span / own <= FRAME_SCALE_LIMIT:
+        raise ValueError(f"State point {name}: reference frame 0 spans {span:.4g} (largest extent "
+                         f"of its positions) where the simulation's reference state spans "
+                         f"{own:.4g}, {span / own:.3g} times as much. Pass reference frames in "
+                         f"the model's units and coordinates (nm; Angstrom are 10 times larger; "
+                         f"fractional coordinates if the simulation uses them).")
