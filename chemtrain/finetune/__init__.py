@@ -270,13 +270,8 @@ def main(argv=None) -> int:
 
 def _end_every_rank(code: int) -> None:
     """Abort the whole MPI job when this process is one of several ranks."""
-    from ..parallel import launched_by_mpi_with_several_ranks
-    if not launched_by_mpi_with_several_ranks():
-        return
-    try:
+    from ..parallel import mpi_world_size
+    if mpi_world_size() > 1:
         from mpi4py import MPI
-    except ImportError:
-        return
-    if MPI.COMM_WORLD.Get_size() > 1:
         sys.stdout.flush()
         MPI.COMM_WORLD.Abort(code)
