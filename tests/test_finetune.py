@@ -76,8 +76,15 @@ def data(tmp_path_factory):
     h5 = str(d / "small.h5")
     convert(npz, h5, progress=False)
     xyz = str(d / "cu.xyz")
-    cu_frames(xyz)
-    return {"npz": npz, "h5": h5, "xyz": xyz, "dir": d}
+    frames = cu_frames(xyz)
+    # the same cells where the two test rows of a --n_test 2 --seed 0 split
+    # have no stress label (the others keep theirs)
+    import ase.io
+    for i in np.random.default_rng(0).permutation(len(frames))[:2]:
+        del frames[i].info["REF_stress"]
+    partial = str(d / "cu_partial_stress.xyz")
+    ase.io.write(partial, frames, format="extxyz")
+    return {"npz": npz, "h5": h5, "xyz": xyz, "xyz_partial_stress": partial, "dir": d}
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +142,9 @@ def local_outputs(data, foundation):
                          "--trust_foundation_model"),
                      job(data, "cu_xyz", "xyz", "single", *cu, *cache),
                      job(data, "npz_zero", "npz", "single", "--no_torch_export", *cache,
-                         epochs=0)], "local")
+                         epochs=0),
+                     job(data, "cu_test_without_stress", "xyz_partial_stress", "single", *cu[2:],
+                         "--no_torch_export", *cache, epochs=0)], "local")
 
 
 @pytest.fixture(scope="module")
@@ -392,3 +401,109 @@ def test_hdf5_cells_need_stored_graphs(data, tmp_path):
     with pytest.raises(DataError, match=r"periodic cells but no graphs.*--graph-cutoff 0\.4"):
         _run("--train_file", h5, "--n_train", "4", "--n_valid", "1", "--n_test", "1",
              "--results_dir", str(tmp_path / "e"), *TINY)
+
+
+# ------------------------------------------- bad input found before any work (issue 37)
+def _files(folder):
+    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_a_test_set_without_stress_reports_no_stress_error(data, local_outputs):
+    """--stress_weight with test structures that have no stress label used
+    to report 'stress MAE 0 RMSE 0'."""
+    text = local_outputs["cu_test_without_stress"]
+    assert "The testing set has no stress labels: no stress errors are reported." in text, text
+    assert "stress MAE" not in text, text
+    with open(data["dir"] / "cu_test_without_stress" / "results.json") as f:
+        results = json.load(f)
+    assert "stress_eV_per_A3" not in results["after"], results["after"]
+    assert "force_eV_per_A" in results["after"]
+
+
+@pytest.mark.parametrize("change, named", [
+    (["--seed", "1"], r"--seed \(then 0, now 1\); the split \(--n_train"),
+    (["--num_channels", "8"], r"--num_channels \(then 4, now 8\)"),
+    (["--default_dtype", "float64"], r"--default_dtype \(then 'float32', now 'float64'\)"),
+    (["--train_file", "h5"], r"--train_file \(then '.*small.npz', now '.*small.h5'\)"),
+])
+def test_a_resumed_run_refuses_other_data_split_or_model(data, local_outputs, change, named):
+    """--restart_latest with another --seed put training structures into the
+    test set; with another --train_file the weights went on as another
+    model; with another --num_channels a checkpoint traceback named no flag.
+    The run's folder is left byte for byte as it was."""
+    from chemtrain.finetune import DataError
+    out = data["dir"] / "npz_single"
+    before = _files(out)
+    _, argv = job(data, "npz_single", "npz", "single", "--restart_latest", epochs=3)
+    if change[0] == "--train_file":
+        argv[argv.index("--train_file") + 1] = data["h5"]
+    else:
+        argv += change
+    with pytest.raises(DataError, match=r"--restart_latest continues the run in .*npz_single.*"
+                                        r"started otherwise: .*" + named):
+        _run(*argv)
+    assert _files(out) == before
+
+
+def test_a_truncated_newest_checkpoint_offers_the_previous_one(data, local_outputs, tmp_path):
+    import shutil
+    out = tmp_path / "copy"
+    shutil.copytree(data["dir"] / "npz_single", out)
+    newest = sorted((out / "checkpoints").glob("epoch_*.npz"))
+    assert [p.name for p in newest] == ["epoch_00001.npz", "epoch_00002.npz"]
+    newest[-1].write_bytes(newest[-1].read_bytes()[:1000])
+    from chemtrain.finetune import DataError
+    _, argv = job(data, "npz_single", "npz", "single", "--restart_latest", epochs=3)
+    argv[argv.index("--results_dir") + 1] = str(out)
+    with pytest.raises(DataError, match=r"cannot read the newest checkpoint .*epoch_00002.npz.*"
+                                        r"move it away; --restart_latest then resumes from "
+                                        r".*epoch_00001.npz"):
+        _run(*argv)
+
+
+def test_size_flags_a_foundation_model_would_ignore_are_refused(data, foundation, tmp_path):
+    """--num_channels 64 --r_max 6 with --foundation_model were ignored
+    without a word; flags equal to the model's own sizes pass."""
+    from chemtrain.finetune import DataError
+    with pytest.raises(DataError, match=r"keeps its own size, so --num_channels 64 \(the model "
+                                        r"has 4\), --r_max 6.0 \(the model has 4.0\) would be "
+                                        r"ignored"):
+        _run("--train_file", data["npz"], "--foundation_model", foundation,
+             "--trust_foundation_model", "--num_channels", "64", "--r_max", "6",
+             "--results_dir", str(tmp_path / "f"))
+    assert not (tmp_path / "f").exists()
+
+
+def test_hdf5_graphs_shorter_than_r_max_are_refused(data, tmp_path):
+    """Graphs converted at 3 Å trained a 4 Å model on 48 edges of 72."""
+    from chemtrain.data.convert import convert
+    from chemtrain.finetune import DataError
+    h5 = str(tmp_path / "short_graphs.h5")
+    convert(data["npz"], h5, progress=False, graph_cutoff=0.3)
+    with pytest.raises(DataError, match=r"graphs built to 3 Å, shorter than the model's r_max "
+                                        r"4 Å.*--graph-cutoff 0.4 \(nm\), or train with "
+                                        r"--r_max 3"):
+        _run("--train_file", h5, *SPLIT, *TINY, "--results_dir", str(tmp_path / "g"))
+    assert not (tmp_path / "g").exists()
+
+
+def test_ranks_that_read_different_data_all_stop(data, tmp_path):
+    """mpirun -np 2 where rank 1's copy of the file has shifted energies:
+    each rank used to fit its own E0s (test energy MAE 1.117 against 0.867).
+    Every rank stops with one message before training."""
+    with np.load(data["npz"]) as z:
+        shifted = dict(z)
+    shifted["E"] = shifted["E"] + 50.0
+    other = str(tmp_path / "shifted.npz")
+    np.savez(other, **shifted)
+    out = tmp_path / "run"
+    driver = ("import os, sys; from chemtrain.finetune import main; "
+              "argv = sys.argv[1:]; rank = os.environ.get('PMI_RANK', '0'); "
+              f"argv[1] = argv[1] if rank == '0' else {other!r}; sys.exit(main(argv))")
+    _, argv = job(data, "x", "npz", "mpi", out=str(out))
+    code, text, seconds = mp.mpirun(2, ["-c", driver, *argv], devices=1, timeout=300)
+    assert code != 0, text[-3000:]
+    assert text.count("The processes of this run disagree on the data, split and model set-up") \
+        == 1, text[-3000:]
+    assert "the content of --train_file" in text and "Traceback" not in text, text[-3000:]
+    assert not (out / "checkpoints").exists() or not list((out / "checkpoints").glob("*.npz"))

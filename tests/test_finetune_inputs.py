@@ -1,6 +1,9 @@
 """chemtrain-finetune's numeric flags on bad values (issue 37): a one-line
 argparse error naming the flag and the accepted range (exit code 2), before
 any file is read or written."""
+import os
+
+import numpy as np
 import pytest
 
 from chemtrain.finetune.cli import parse_args
@@ -36,3 +39,154 @@ def test_good_numbers_pass():
     args = parse_args(["--train_file", "x.xyz", "--lr", "1e-3", "--max_num_epochs", "0",
                        "--n_valid", "0", "--valid_fraction", "0", "--stress_weight", "0"])
     assert (args.lr, args.max_num_epochs, args.n_valid, args.stress_weight) == (1e-3, 0, 0, 0.0)
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("--radial_MLP", "[64, x]", "argument --radial_MLP: must be a list of whole numbers >= 1"),
+    ("--radial_MLP", "[]", "argument --radial_MLP: must be a list of whole numbers >= 1"),
+    ("--radial_MLP", "[8, 0]", "argument --radial_MLP: must be a list of whole numbers >= 1"),
+    ("--MLP_irreps", "16x1o", "argument --MLP_irreps: must be scalar irreps 'Nx0e'"),
+    ("--MLP_irreps", "sixteen", "argument --MLP_irreps: must be scalar irreps 'Nx0e'"),
+    ("--name", "/tmp/models/cu", "argument --name: is the file name of the written models inside "
+                                 "--results_dir"),
+    ("--name", "runs/cu", "not a path; got 'runs/cu'"),
+    ("--name", "", "argument --name: is the file name"),
+])
+def test_malformed_model_and_name_flags(flag, value, expected, capsys, tmp_path):
+    """Before issue 37 these gave a traceback from deep in the model set-up
+    (--radial_MLP, --MLP_irreps) or a misleading message (--name)."""
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--train_file", "x.xyz", flag, value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err, err
+
+
+def test_well_formed_model_flags_parse_to_values():
+    args = parse_args(["--train_file", "x.xyz", "--radial_MLP", "[8, 16]", "--MLP_irreps",
+                       " 4x0e", "--name", "cu_mace"])
+    assert (args.radial_MLP, args.MLP_irreps, args.name) == ([8, 16], "4x0e", "cu_mace")
+    assert parse_args(["--train_file", "x.xyz"]).radial_MLP == [64, 64, 64]
+
+
+# ------------------------------------------------ data and folders, before any work
+@pytest.fixture(scope="module")
+def cu(tmp_path_factory):
+    from test_finetune import cu_frames
+    d = tmp_path_factory.mktemp("cu_inputs")
+    path = str(d / "cu.xyz")
+    frames = cu_frames(path, n=6)
+    return {"path": path, "frames": frames, "dir": d}
+
+
+def _run(*argv):
+    from chemtrain.finetune import run
+    return run(list(argv))
+
+
+def _write(path, frames):
+    import ase.io
+    ase.io.write(path, frames, format="extxyz")
+    return path
+
+
+def _unwritable_folder():
+    """A folder that even root cannot write to (sysfs), where there is one."""
+    import tempfile
+    try:
+        tempfile.TemporaryFile(dir="/sys").close()
+    except OSError:
+        return "/sys"
+    pytest.skip("no folder here refuses writes by root")
+
+
+@pytest.mark.parametrize("case", ["file", "empty", "under_a_file", "unwritable"])
+def test_results_dir_that_cannot_hold_a_run_is_refused_first(cu, tmp_path, case):
+    """Before issue 37 these failed only after an epoch had trained."""
+    from chemtrain.finetune import DataError
+    afile = tmp_path / "results.txt"
+    afile.write_text("mine")
+    out, expected = {
+        "file": (str(afile), "is a file, not a folder"),
+        "empty": ("", "--results_dir is empty"),
+        "under_a_file": (str(afile / "run"), "lies under the file"),
+        "unwritable": (None, "cannot be written"),
+    }[case]
+    if case == "unwritable":
+        out = os.path.join(_unwritable_folder(), "chemtrain_run")
+    with pytest.raises(DataError, match=expected):
+        _run("--train_file", cu["path"], "--results_dir", out)
+    assert afile.read_text() == "mine"
+
+
+def test_e0s_must_be_finite(cu, tmp_path):
+    from chemtrain.finetune import DataError
+    with pytest.raises(DataError, match=r"--E0s must give a finite energy .*\{29: nan\}"):
+        _run("--train_file", cu["path"], "--E0s", "{29: 'nan'}", "--num_channels", "4",
+             "--results_dir", str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_r_max_in_nm_leaves_no_edges_and_says_the_unit(cu, tmp_path):
+    """--r_max 0.4 (nm meant; the flag is Å) used to end as 'lower the learning rate'."""
+    from chemtrain.finetune import DataError
+    with pytest.raises(DataError, match=r"no edges\. --r_max is in Å .*multiplied by 10"):
+        _run("--train_file", cu["path"], "--r_max", "0.4", "--results_dir", str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_nan_force_component_is_named_as_nan_not_as_missing(cu, tmp_path):
+    frames = [a.copy() for a in cu["frames"]]
+    for a, b in zip(frames, cu["frames"]):
+        a.info, a.arrays = dict(b.info), {k: v.copy() for k, v in b.arrays.items()}
+    frames[2].arrays["REF_forces"][0, 0] = np.nan
+    path = _write(str(tmp_path / "nan.xyz"), frames)
+    from chemtrain.finetune import DataError
+    with pytest.raises(DataError, match=r"structures \[2\] hold NaN or inf in forces"):
+        _run("--train_file", path, "--results_dir", str(tmp_path / "run"))
+
+
+def test_an_absurd_outlier_is_refused_by_name(cu, tmp_path):
+    """Two atoms 0.05 Å apart (EMT energy ~1,000 eV) used to set E0 far off
+    and wreck the run without a word."""
+    from ase.calculators.emt import EMT
+    from chemtrain.finetune import DataError
+    frames = [a.copy() for a in cu["frames"]] * 2
+    frames = [a.copy() for a in frames]
+    for a in frames:
+        a.calc = EMT()
+        a.info["REF_energy"] = a.get_potential_energy()
+        a.arrays["REF_forces"] = a.get_forces()
+        a.calc = None
+    bad = frames[5]
+    bad.positions[1] = bad.positions[0] + [0.05, 0.0, 0.0]
+    bad.calc = EMT()
+    bad.info["REF_energy"], bad.arrays["REF_forces"] = bad.get_potential_energy(), bad.get_forces()
+    bad.calc = None
+    assert bad.info["REF_energy"] > 500
+    path = _write(str(tmp_path / "outlier.xyz"), frames)
+    with pytest.raises(DataError, match=r"1 structure\(s\) are absurd outliers .*'.*outlier.xyz' "
+                                        r"structure 5 \(energy .* eV/atom from the median; a force "
+                                        r"of .* eV/Å\).*--allow_outliers"):
+        _run("--train_file", path, "--results_dir", str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_forces_far_too_large_for_ev_per_angstrom_are_warned_about(cu, tmp_path, caplog):
+    """Labels in kJ/mol (x96.5) trained silently to a force RMSE of 48 eV/Å."""
+    frames = [a.copy() for a in cu["frames"]]
+    for a, b in zip(frames, cu["frames"]):
+        a.info = {"REF_energy": b.info["REF_energy"] * 96.485}
+        a.arrays["REF_forces"] = b.arrays["REF_forces"] * 96.485
+    path = _write(str(tmp_path / "kj.xyz"), frames)
+    from chemtrain.finetune import DataError
+    with caplog.at_level("WARNING", logger="chemtrain"), pytest.raises(DataError,
+                                                                       match="does not exist"):
+        _run("--train_file", path, "--foundation_model", str(tmp_path / "none.model"),
+             "--results_dir", str(tmp_path / "run"))
+    assert "RMS component of" in caplog.text and "kJ/mol (x96.5)" in caplog.text, caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="chemtrain"), pytest.raises(DataError):
+        _run("--train_file", cu["path"], "--foundation_model", str(tmp_path / "none.model"),
+             "--results_dir", str(tmp_path / "run"))
+    assert "RMS component" not in caplog.text

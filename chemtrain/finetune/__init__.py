@@ -19,17 +19,20 @@ and the model as chemtrain ``<name>.npz`` and mace-torch ``<name>.model``.
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import logging
 import os
 import sys
+import tempfile
 
 import numpy as np
 
 from . import data as D
 from . import model as M
 from . import report as R
-from .cli import parse_args
+from .cli import given, parse_args
+from ..parallel.failures import is_raised_everywhere, raised_everywhere
 from .data import DataError
 
 log = logging.getLogger("chemtrain")
@@ -37,8 +40,28 @@ log = logging.getLogger("chemtrain")
 __all__ = ["main", "run", "DataError"]
 
 
+def _check_writable(out: str) -> None:
+    """``--results_dir`` must be (or become) a folder this process can write
+    to; found before any work, not when the first file is written."""
+    if not out.strip():
+        raise DataError("--results_dir is empty; name a folder such as runs/mine.")
+    probe = os.path.abspath(out)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        what = "is a file" if probe == os.path.abspath(out) else f"lies under the file {probe!r}"
+        raise DataError(f"--results_dir {out!r} {what}, not a folder; choose another "
+                        f"--results_dir.")
+    try:
+        tempfile.TemporaryFile(dir=probe).close()
+    except OSError as e:
+        raise DataError(f"--results_dir {out!r} cannot be written ({probe!r}: "
+                        f"{e.strerror or e}); choose a folder you can write to.") from None
+
+
 def _check_folder(out: str, name: str, restart: bool) -> list[str]:
     """Checkpoints to resume from; refuse a folder that holds another run."""
+    _check_writable(out)
     earlier = sorted(glob.glob(os.path.join(out, "checkpoints", "epoch_*.npz")))
     if restart:
         if not earlier:
@@ -86,10 +109,101 @@ def _load_sets(args, weights):
     return sets, rows, hdf5
 
 
+def _check_plausible(args, sets: dict, rows: dict) -> None:
+    """Refuse absurd outliers (unless --allow_outliers) and warn about forces
+    too large for eV/Å."""
+    files = {"training": args.train_file, "validation": args.valid_file or args.train_file,
+             "testing": args.test_file or args.train_file}
+    found = []
+    for stage, d in sets.items():
+        if d is None:
+            continue
+        from_file = (stage == "validation" and args.valid_file) or (stage == "testing"
+                                                                    and args.test_file)
+        for text in D.outliers(d, None if from_file else rows[stage]):
+            found.append(f"{files[stage]!r} {text}")
+    if found and not args.allow_outliers:
+        raise DataError(f"{len(found)} structure(s) are absurd outliers and would wreck the fit: "
+                        f"{'; '.join(found[:5])}{' ...' if len(found) > 5 else ''}. Remove them "
+                        f"(overlapping atoms? a failed calculation?), or pass --allow_outliers to "
+                        f"train on them anyway.")
+    D.check_force_scale(sets["training"], args.train_file, log)
+
+
+def _check_edges(sample: dict, r_max: float, foundation: bool) -> None:
+    if D.mean_pairs(sample) == 0:
+        whose = "the foundation model's r_max" if foundation else "--r_max"
+        raise DataError(f"No atom of the first {len(sample['R'])} training structures has a "
+                        f"neighbour within {whose} = {r_max:g} Å, so the model would see no "
+                        f"edges. --r_max is in Å (as mace-torch's), typically 4-6; a value in "
+                        f"nm must be multiplied by 10.")
+
+
+def _setup(args, sets: dict, rows: dict, model_flags: bool) -> dict:
+    """What a resumed run must share with the run it continues, by flag."""
+    path = lambda p: None if p is None else os.path.abspath(p)  # noqa: E731
+    split = hashlib.sha256(json.dumps({k: v.tolist() for k, v in rows.items()}).encode())
+    out = {"--train_file": path(args.train_file),
+           "the content of --train_file": D.fingerprint(sets["training"]),
+           "--valid_file": path(args.valid_file), "--test_file": path(args.test_file),
+           "the content of --valid_file": args.valid_file and D.fingerprint(sets["validation"]),
+           "the content of --test_file": args.test_file and D.fingerprint(sets["testing"]),
+           "--seed": args.seed,
+           "the split (--n_train, --n_valid, --n_test, --valid_fraction, --test_fraction)":
+               split.hexdigest()[:16],
+           "--default_dtype": args.default_dtype, "--foundation_model": path(args.foundation_model),
+           "--E0s": args.E0s}
+    if model_flags:
+        out.update({f"--{k}": getattr(args, k) for k in M.SIZE_FLAGS})
+    return out
+
+
+def _check_resumed(setup: dict, record: str) -> None:
+    if not os.path.exists(record):
+        return  # a run from before setup records: nothing to compare with
+    with open(record) as f:
+        then = json.load(f)
+    changed = [f"{k} (then {then[k]!r}, now {v!r})" if k.startswith("--") else k
+               for k, v in setup.items() if k in then and then[k] != v]
+    if changed:
+        run_dir = os.path.dirname(os.path.dirname(record))
+        raise DataError(f"--restart_latest continues the run in {run_dir!r}, "
+                        f"which was started otherwise: {'; '.join(changed)}. A resumed run must "
+                        f"train the same model on the same data and split: resume with that "
+                        f"run's flags, or start a new run in another --results_dir.")
+
+
+def _check_ranks_agree(strategy, setup: dict) -> None:
+    """Every process must build the same model from the same data: each
+    reads its own copy of the files (node-local copies may differ)."""
+    everyone = [json.loads(t) for t in strategy.host_allgather_object(
+        json.dumps(setup, sort_keys=True, default=str))]
+    mine = everyone[0]
+    differ = [k for k in mine if any(e.get(k) != mine[k] for e in everyone[1:])]
+    if differ:
+        raise raised_everywhere(DataError(
+            f"The processes of this run disagree on the data, split and model set-up: "
+            f"{'; '.join(differ)} differ between processes. Every process must read the same "
+            f"files with the same flags (node-local copies must be identical)."))
+
+
+def _restore(trainer, earlier: list[str]) -> None:
+    import zipfile
+    try:
+        trainer.restore(earlier[-1])
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        fix = (f"If it is damaged (e.g. a run killed while it was written), move it away; "
+               f"--restart_latest then resumes from {earlier[-2]!r}." if len(earlier) > 1 else
+               "There is no earlier checkpoint; start the run again in another --results_dir.")
+        raise DataError(f"--restart_latest cannot read the newest checkpoint {earlier[-1]!r} "
+                        f"({type(e).__name__}: {str(e)[:300]}). {fix}") from None
+
+
 def run(argv=None) -> dict:
     """Run the job; return what ``results.json`` holds. Raises
     :class:`DataError` (bad flags or data) before anything is written."""
     args = parse_args(argv)
+    size_flags = given(argv, M.SIZE_FLAGS)
     import jax
     if args.default_dtype == "float64":
         jax.config.update("jax_enable_x64", True)
@@ -105,6 +219,7 @@ def run(argv=None) -> dict:
     weights = {"U": args.energy_weight, "F": args.forces_weight, "stress": args.stress_weight}
     gammas = M.gammas(args)
     sets, rows, hdf5 = _load_sets(args, weights)
+    _check_plausible(args, sets, rows)
     train = sets["training"]
     everything = [s for s in sets.values() if s is not None]
     notes = []
@@ -114,9 +229,15 @@ def run(argv=None) -> dict:
         cfg, params = M.load_foundation(args.foundation_model, args.trust_foundation_model)
         for s in everything:
             M.check_elements(cfg, s["species"], s["mask"], args.foundation_model)
+        M.check_sizes_unused(cfg, args, size_flags, args.foundation_model)
         notes.append(f"Fine-tuning {args.foundation_model}: {M.describe(cfg, params)}.")
-    sample = D.prepare(D.take(train, np.arange(min(32, len(train["R"])))),
-                       (cfg.r_max if args.foundation_model else args.r_max) * D.LENGTH, dtype, False)
+    r_max = cfg.r_max if args.foundation_model else args.r_max
+    for path in (args.train_file, args.valid_file, args.test_file):
+        if path:
+            D.check_graph_cutoff(path, r_max * D.LENGTH)
+    sample = D.prepare(D.take(train, np.arange(min(32, len(train["R"])))), r_max * D.LENGTH,
+                       dtype, False)
+    _check_edges(sample, r_max, bool(args.foundation_model))
     if not args.foundation_model:
         z = np.unique(np.concatenate([s["species"][s["mask"].astype(bool)] for s in everything]))
         rms = float(np.sqrt(np.mean(train["F"][train["mask"].astype(bool)] ** 2))) / D.FORCE \
@@ -176,6 +297,12 @@ def run(argv=None) -> dict:
                             seed=args.seed)
     root = trainer.strategy.is_root
     say = print if root else (lambda *a, **k: None)
+    setup = _setup(args, sets, rows, not args.foundation_model)
+    _check_ranks_agree(trainer.strategy, {**setup, "the model (E0s included)":
+                                          json.loads(cfg.to_json())})
+    record = os.path.join(ckpt_dir, "setup.json")
+    if earlier:
+        _check_resumed(setup, record)
     for note in notes:
         say(note)
     say(f"{args.train_file}: training on {n_train}, validating on "
@@ -191,14 +318,22 @@ def run(argv=None) -> dict:
         if ready.get(stage) is not None:
             trainer.set_dataset(ready[stage], stage)
     if earlier:
-        trainer.restore(earlier[-1])
+        _restore(trainer, earlier)
         say(f"Resumed from {earlier[-1]} (epoch {trainer.epoch})")
+    if root:
+        os.makedirs(ckpt_dir, exist_ok=True)
+        with open(record, "w") as f:
+            json.dump(setup, f, indent=1)
 
     test = ready[test_stage]
 
+    test_has_stress = "stress" in test and bool(np.any(test.get("stress_weight", 1.0)))
+    if "stress" in gammas and not test_has_stress:
+        say(f"The {test_stage} set has no stress labels: no stress errors are reported.")
+
     def measure(pred):
         s = R.summary(pred, test)
-        if "stress" in gammas:
+        if "stress" in gammas and test_has_stress:
             st = trainer.evaluate(test_stage)["stress"]
             s["stress_eV_per_A3"] = {k: v / D.STRESS for k, v in st.items()}
         return s
@@ -262,10 +397,22 @@ def main(argv=None) -> int:
     try:
         run(argv)
     except DataError as e:
-        print(f"chemtrain-finetune: error: {e}", file=sys.stderr, flush=True)
-        _end_every_rank(2)
+        everywhere = is_raised_everywhere(e)
+        if not everywhere or _rank() == 0:  # an error of every rank is printed once
+            print(f"chemtrain-finetune: error: {e}", file=sys.stderr, flush=True)
+        if not everywhere:
+            _end_every_rank(2)
         return 2
     return 0
+
+
+def _rank() -> int:
+    from ..parallel import mpi_world_size
+    if mpi_world_size() > 1:
+        from mpi4py import MPI
+        return MPI.COMM_WORLD.Get_rank()
+    import jax
+    return jax.process_index()
 
 
 def _end_every_rank(code: int) -> None:

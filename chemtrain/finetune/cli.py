@@ -11,7 +11,10 @@ mace-torch's name and default meaning (``--train_file``, ``--energy_key``,
 from __future__ import annotations
 
 import argparse
+import ast
 import math
+import os
+import re
 
 
 def _number(kind, low, low_open, high=None, high_open=True, what=""):
@@ -34,6 +37,50 @@ def _number(kind, low, low_open, high=None, high_open=True, what=""):
     parse.__name__ = kind.__name__
     return parse
 
+
+def _widths(text):
+    """``--radial_MLP``: a list of layer widths such as ``[64, 64, 64]``."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if (not isinstance(value, (list, tuple)) or not value
+            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in value)):
+        raise argparse.ArgumentTypeError(
+            f"must be a list of whole numbers >= 1 (the widths of the radial MLP's hidden "
+            f"layers) such as '[64, 64, 64]', got {text!r}")
+    return [int(w) for w in value]
+
+
+_widths.__name__ = "list"
+
+
+def _scalar_irreps(text):
+    """``--MLP_irreps``: the readout's hidden scalars, e.g. ``16x0e``."""
+    m = re.fullmatch(r"\s*(\d+)x0e\s*", text)
+    if not m or int(m.group(1)) < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be scalar irreps 'Nx0e' with N >= 1 (the last readout's hidden features, "
+            f"gated by SiLU), such as '16x0e', got {text!r}")
+    return f"{int(m.group(1))}x0e"
+
+
+_scalar_irreps.__name__ = "irreps"
+
+
+def _file_name(text):
+    """``--name``: a file name inside ``--results_dir``, not a path."""
+    seps = [s for s in (os.sep, os.altsep) if s]
+    if not text.strip() or text in (".", "..") or any(s in text for s in seps):
+        raise argparse.ArgumentTypeError(
+            f"is the file name of the written models inside --results_dir (e.g. 'cu_mace'), "
+            f"not a path; got {text!r}. Choose the folder with --results_dir")
+    return text
+
+
+_file_name.__name__ = "name"
 
 _POSITIVE = _number(float, 0.0, True)
 _WEIGHT = _number(float, 0.0, False, what=" (0 leaves that target out)")
@@ -72,6 +119,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--stress_key", default="REF_stress",
                    help="extxyz key of reference stresses (eV/A^3, ASE's sign); 'stress' reads "
                         "ASE's own")
+    g.add_argument("--allow_outliers", action="store_true",
+                   help="chemtrain: train on structures whose energy per atom or forces are "
+                        "absurd outliers (refused by default, naming them)")
     g = p.add_argument_group("model")
     g.add_argument("--foundation_model",
                    help="start from a mace-torch .model file or a chemtrain MACE .npz "
@@ -91,8 +141,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--num_interactions", type=int, default=2)
     g.add_argument("--num_radial_basis", type=int, default=10)
     g.add_argument("--num_cutoff_basis", type=int, default=5)
-    g.add_argument("--radial_MLP", default="[64, 64, 64]", help="widths of the radial MLP")
-    g.add_argument("--MLP_irreps", default="16x0e", help="hidden irreps of the last readout")
+    g.add_argument("--radial_MLP", type=_widths, default="[64, 64, 64]",
+                   help="widths of the radial MLP")
+    g.add_argument("--MLP_irreps", type=_scalar_irreps, default="16x0e",
+                   help="hidden irreps of the last readout")
     g = p.add_argument_group("training")
     g.add_argument("--energy_weight", type=_WEIGHT, default=1.0,
                    help="weight of the squared energy error per atom (eV^2), as mace-torch's "
@@ -114,7 +166,8 @@ def parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("output")
     g.add_argument("--results_dir", default="runs/finetune",
                    help="metrics.jsonl, parity.png, results.json, checkpoints/, the models")
-    g.add_argument("--name", default="model", help="file name of the written models")
+    g.add_argument("--name", type=_file_name, default="model",
+                   help="file name of the written models (inside --results_dir)")
     g.add_argument("--restart_latest", "--resume", dest="restart_latest", action="store_true",
                    help="continue from the last checkpoint in --results_dir")
     g.add_argument("--checkpoint_every", type=_AT_LEAST_ONE, default=5, help="chemtrain: epochs between "
@@ -128,3 +181,11 @@ def parser() -> argparse.ArgumentParser:
 
 def parse_args(argv=None) -> argparse.Namespace:
     return parser().parse_args(argv)
+
+
+def given(argv, dests) -> set:
+    """Which of the flags ``dests`` (argparse destinations) ``argv`` sets
+    (abbreviations included), as opposed to their defaults."""
+    unset = object()  # argparse leaves attributes the namespace already has unless given
+    args = parser().parse_args(argv, namespace=argparse.Namespace(**{d: unset for d in dests}))
+    return {d for d in dests if getattr(args, d) is not unset}

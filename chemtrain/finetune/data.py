@@ -93,10 +93,12 @@ def _read_ase(path, energy_key, forces_key, stress_key) -> dict:
 def _ase_structures(path, energy_key, forces_key, stress_key) -> dict:
     from ..data.dataset import pad_systems
     images = read_images(path)
-    systems, stresses = [], []
+    systems, stresses, labelled = [], [], {"U": [], "F": []}
     for i, a in enumerate(images):
         e, f, s = (_label(a, energy_key, False), _label(a, forces_key, True),
                    _label(a, stress_key, False))
+        labelled["U"].append(e is not None)
+        labelled["F"].append(f is not None)
         row = {"R": a.get_positions() * LENGTH, "species": a.get_atomic_numbers().astype(np.int32),
                "U": np.nan if e is None else float(e) * ENERGY,
                "F": np.full((len(a), 3), np.nan) if f is None else f * FORCE,
@@ -117,7 +119,7 @@ def _ase_structures(path, energy_key, forces_key, stress_key) -> dict:
         d["stress"] = np.stack([np.zeros((3, 3)) if s is None else s for s in stresses])
         d["stress_weight"] = np.array([float(s is not None) for s in stresses])
     for key, name in (("U", energy_key), ("F", forces_key)):
-        missing = ~np.isfinite(d[key].reshape(len(d[key]), -1)[:, :1]).all(1)
+        missing = ~np.asarray(labelled[key], bool)
         if missing.all():
             del d[key]
         elif missing.any():
@@ -143,6 +145,83 @@ def check_labels(d: dict, path: str, weights: dict) -> None:
         if bad.any():
             raise DataError(f"{path!r}: structures {np.nonzero(bad)[0][:10].tolist()} hold NaN "
                             f"or inf in {flag[target]}.")
+
+
+def check_graph_cutoff(path: str, r_max_nm: float) -> None:
+    """Graphs stored in an HDF5 file must reach the model's r_max: with a
+    shorter cutoff the pairs between the two are silently left out."""
+    if kind(path) != "hdf5" or not os.path.exists(path):
+        return
+    import h5py
+    with h5py.File(path, "r") as f:
+        if not all(k in f for k in GRAPH_KEYS):
+            return
+        cutoff = f.attrs.get("graph_cutoff_nm")
+    if cutoff is None:
+        raise DataError(f"{path!r} holds graphs without their cutoff (attribute graph_cutoff_nm); "
+                        f"write it again with chemtrain-convert ... --graph-cutoff "
+                        f"{r_max_nm:g} (nm).")
+    if float(cutoff) < r_max_nm * (1 - 1e-6):
+        raise DataError(
+            f"{path!r} holds graphs built to {float(cutoff) / LENGTH:g} Å, shorter than the "
+            f"model's r_max {r_max_nm / LENGTH:g} Å: the pairs in between would be left out. "
+            f"Write the file again with chemtrain-convert ... --graph-cutoff {r_max_nm:g} "
+            f"(nm), or train with --r_max {float(cutoff) / LENGTH:g}.")
+
+
+def outliers(d: dict, rows=None) -> list[str]:
+    """Structures whose energy per atom (after the best per-element offsets
+    of this set) or largest force is an absurd outlier: more than 25 robust
+    standard deviations from the median and above 1 eV/atom, or a force
+    above 50 eV/Å and 25 times the median atom's. Returns one description
+    per outlier (the row in its file from ``rows``)."""
+    rows = np.arange(len(d["R"])) if rows is None else np.asarray(rows)
+    mask = d["mask"].astype(bool)
+    n = np.maximum(mask.sum(1), 1)
+    found = {}
+    if "U" in d and len(d["R"]) >= 3:
+        z = np.unique(d["species"][mask])
+        counts = np.stack([((d["species"] == k) & mask).sum(1) for k in z], 1).astype(float)
+        e = d["U"] / ENERGY
+        fit, *_ = np.linalg.lstsq(counts, e, rcond=None)
+        per_atom = (e - counts @ fit) / n
+        med = np.median(per_atom)
+        spread = 1.4826 * np.median(np.abs(per_atom - med))
+        bad = np.abs(per_atom - med) > max(25 * spread, 1.0)
+        for i in np.nonzero(bad)[0]:
+            found.setdefault(i, []).append(
+                f"energy {e[i]:.6g} eV, {per_atom[i] - med:+.3g} eV/atom from the median")
+    if "F" in d:
+        norms = np.where(mask, np.linalg.norm(d["F"], axis=-1), 0.0) / FORCE
+        typical = np.median(norms[mask]) if mask.any() else 0.0
+        big = norms.max(1)
+        for i in np.nonzero((big > 50.0) & (big > 25 * typical))[0]:
+            found.setdefault(i, []).append(f"a force of {big[i]:.4g} eV/Å")
+    return [f"structure {int(rows[i])} ({'; '.join(v)})" for i, v in sorted(found.items())]
+
+
+def check_force_scale(d: dict, path: str, log) -> None:
+    """Warn about forces too large for eV/Å (labels in kJ/mol or kcal/mol)."""
+    if "F" not in d:
+        return
+    mask = d["mask"].astype(bool)
+    rms = float(np.sqrt(np.mean(d["F"][mask] ** 2))) / FORCE
+    if rms > 10.0:
+        log.warning(f"Warning: the forces of {path!r} have an RMS component of {rms:.3g} eV/Å; "
+                    f"training sets are usually below a few eV/Å. chemtrain-finetune reads "
+                    f"energies in eV and forces in eV/Å: labels in kJ/mol (x96.5) or kcal/mol "
+                    f"(x23.1) must be converted first.")
+
+
+def fingerprint(d: dict) -> str:
+    """A checksum of a set's structures and labels."""
+    import hashlib
+    h = hashlib.sha256()
+    for k in ("R", "species", "mask", "U", "F", "box", "stress"):
+        if k in d:
+            h.update(k.encode())
+            h.update(np.ascontiguousarray(d[k]).tobytes())
+    return h.hexdigest()[:16]
 
 
 def take(d: dict, rows) -> dict:

@@ -59,6 +59,30 @@ SIZE_FLAGS = ("num_channels", "max_L", "max_ell", "correlation", "r_max", "num_i
               "num_radial_basis", "num_cutoff_basis", "radial_MLP", "MLP_irreps")
 
 
+def sizes(cfg) -> dict:
+    """The size flags' values that describe ``cfg`` (a model as
+    :func:`random_config` builds it from them)."""
+    terms = [t.strip().split("x") for t in cfg.layers[0].hidden_irreps.split("+")]
+    return {"num_channels": int(terms[0][0]), "max_L": max(int(t[1][:-1]) for t in terms),
+            "max_ell": cfg.max_ell, "correlation": cfg.layers[0].correlation, "r_max": cfg.r_max,
+            "num_interactions": len(cfg.layers), "num_radial_basis": cfg.num_bessel,
+            "num_cutoff_basis": cfg.num_polynomial_cutoff, "radial_MLP": list(cfg.radial_mlp),
+            "MLP_irreps": cfg.mlp_irreps}
+
+
+def check_sizes_unused(cfg, args, given: set, path: str) -> None:
+    """Size flags set on the command line that a foundation model overrides."""
+    own = sizes(cfg)
+    differ = lambda a, b: (abs(a - b) > 1e-9 * abs(b) if isinstance(b, float)  # noqa: E731
+                           else a != b)
+    clash = [f"--{k} {getattr(args, k)} (the model has {own[k]})" for k in SIZE_FLAGS
+             if k in given and differ(getattr(args, k), own[k])]
+    if clash:
+        raise DataError(f"With --foundation_model {path!r} the model keeps its own size, so "
+                        f"{', '.join(clash)} would be ignored. Remove those flags, or train a new "
+                        f"model of that size without --foundation_model.")
+
+
 def load_foundation(path: str, trusted: bool):
     from ..models import mace
     from ..models.mace.torch_io import UntrustedFileError
@@ -109,6 +133,9 @@ def set_e0s(cfg, how: str, train: dict, foundation: bool):
     except (ValueError, SyntaxError, AttributeError):
         raise DataError(f"--E0s must be 'average', 'foundation' or a dict of atomic number -> "
                         f"energy in eV such as '{{1: -13.6, 6: -1027.6}}', got {how!r}.") from None
+    bad = {z: e for z, e in given.items() if not np.isfinite(e)}
+    if bad:
+        raise DataError(f"--E0s must give a finite energy (eV) for every element; got {bad}.")
     lacking = sorted(set(cfg.atomic_numbers) - set(given))
     if lacking:
         raise DataError(f"--E0s lacks the atomic numbers {lacking}.")
