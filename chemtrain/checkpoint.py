@@ -56,6 +56,33 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """No file at the checkpoint's path."""
 
 
+def why_not_writable(path: str, folder: bool = True, makes_parents: bool = True) -> str | None:
+    """Why this process could not write ``path`` (a folder, or a file when
+    ``folder`` is False), in words for a message after the path; None when
+    it can. Folders above it that do not exist yet count as creatable when
+    ``makes_parents`` (else the file's folder must exist). Probed with a
+    temporary file in the nearest existing folder, which also catches
+    read-only mounts that permission bits do not show."""
+    target = os.path.abspath(os.fspath(path))
+    if os.path.exists(target):
+        if folder and not os.path.isdir(target):
+            return "is a file, not a folder"
+        if not folder and os.path.isdir(target):
+            return "is a folder, not a file"
+    probe = target if (folder and os.path.isdir(target)) else os.path.dirname(target)
+    if not makes_parents and not os.path.isdir(probe):
+        return f"is in the folder {probe!r}, which does not exist"
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        return f"lies under the file {probe!r}"
+    try:
+        tempfile.TemporaryFile(dir=probe).close()
+    except OSError as e:
+        return f"cannot be written ({probe!r}: {e.strerror or e})"
+    return None
+
+
 def _leaves_with_paths(tree):
     import jax
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)

@@ -125,3 +125,85 @@ def test_ranks_that_disagree_on_the_turns_all_stop(tmp_path, case):
         assert got["error"] == "ValueError", got
         assert "disagree on the InterleaveTrainers turns" in got["message"], got
         assert "RE" in got["message"] and "FM" in got["message"], got
+
+
+# -- a failed restore, unwritable outputs and whose turn failed -----------------
+def test_a_failed_restore_leaves_no_trainer_restored(run, tmp_path):
+    """The second trainer's file does not fit (RE built with two state
+    points, the checkpoint has one): before, the first was already restored
+    and the set was half restored."""
+    import numpy as np
+    resumed, fm, re_trainer = fused(str(tmp_path), kTs=(2.56, 3.0))
+    params, run_id = jax.tree.map(np.asarray, fm.params), fm.store.run_id
+    with pytest.raises(CheckpointError, match=r"n_statepoints=1, .*; this run has .*n_statepoints=2"):
+        resumed.restore(os.path.join(run, "epoch_00002"))
+    assert (fm.epoch, re_trainer.epoch, resumed.epoch) == (0, 0, 0)
+    assert fm.store.run_id == run_id
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, fm.params), params)
+
+
+@pytest.mark.parametrize("case", ["checkpoints_in_a_file", "plot_in_a_missing_folder",
+                                  "unwritable_checkpoints"])
+def test_outputs_that_cannot_be_written_are_refused_before_training(tmp_path, case):
+    """Before, these failed only after a fused epoch had trained."""
+    import tempfile
+    options = {}
+    if case == "checkpoints_in_a_file":
+        (tmp_path / "fused").write_text("not a folder")
+        expected = r"checkpoint_base_path .*fused' is a file, not a folder"
+    elif case == "plot_in_a_missing_folder":
+        options["plot_file"] = str(tmp_path / "missing" / "loss.png")
+        expected = r"plot_file .*loss.png' is in the folder .*missing', which does not exist"
+    else:
+        try:
+            tempfile.TemporaryFile(dir="/sys").close()
+            pytest.skip("no folder here refuses writes by root")
+        except OSError:
+            pass
+        expected = r"checkpoint_base_path '/sys/.*' cannot be written"
+    together, fm, _ = fused(str(tmp_path), **options)
+    if case == "unwritable_checkpoints":
+        together.folder = together.store.folder = "/sys/chemtrain_fused"
+    with pytest.raises(ValueError, match=expected + r".*Nothing was trained"):
+        together.train(1, checkpoint_freq=1)
+    assert fm.epoch == 0 and together.epoch == 0
+
+
+def test_a_failed_turn_names_whose_parameters_it_started_from(tmp_path):
+    """A failure in one trainer's turn used to read as that trainer's own
+    problem even when the parameters it was handed came from the other."""
+    import numpy as np
+    import optax
+    from chemtrain.trainers import ForceMatching
+    from chemtrain.trainers.services import TrainingError
+    from fused_systems import ex, labelled_frames
+    # FM whose optimizer gives NaN: its step 0 is refused, naming the optimizer
+    together, fm, re_trainer = fused(str(tmp_path / "a"))
+    data, nbrs = labelled_frames(re_trainer)
+    bad = ForceMatching(fm.params, optax.scale(float("nan")),
+                        re_trainer.statepoints[0].fns.energy_fn_template, nbrs, batch=8,
+                        checkpoint_path=str(tmp_path / "a" / "bad_fm"), progress=False)
+    bad.set_dataset(data, "training")
+    first = InterleaveTrainers(str(tmp_path / "a" / "f"), progress=False)
+    first.add_trainer(bad, 1, "FM")
+    first.add_trainer(re_trainer, 1, "RE")
+    with pytest.raises(TrainingError, match=r"optimizer's update gives non-finite parameters or "
+                                            r"optimizer state in step 0 of epoch 0") as e:
+        first.train(1)
+    assert "in 'FM''s turn of fused epoch 0, which started from the initial parameters" \
+        in " ".join(e.value.__notes__)
+    assert all(np.isfinite(np.asarray(v)) for v in jax.tree.leaves(bad.params))
+    # RE whose update overflows, after FM's turn: its note names FM's parameters
+    re_bad, _ = ex.bond_trainer(0, updates=4, frames=40, production=2.0, progress=False,
+                                optimizer=optax.chain(optax.scale(1e200), optax.adam(1e-3)),
+                                checkpoint_path=str(tmp_path / "b" / "re"), sim_batch_size=-1)
+    good = ForceMatching(fm.params, optax.adam(0.01), re_bad.statepoints[0].fns.energy_fn_template,
+                         nbrs, batch=8, checkpoint_path=str(tmp_path / "b" / "fm"), progress=False)
+    good.set_dataset(data, "training")
+    second = InterleaveTrainers(str(tmp_path / "b" / "f"), progress=False)
+    second.add_trainer(good, 1, "FM")
+    second.add_trainer(re_bad, 1, "RE")
+    with pytest.raises(TrainingError, match=r"optimizer state in update 0") as e:
+        second.train(1)
+    assert "in 'RE''s turn of fused epoch 0, which started from the parameters 'FM''s turn " \
+           "handed on" in " ".join(e.value.__notes__)

@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 
 import numpy as np
 
@@ -32,6 +31,7 @@ from . import data as D
 from . import model as M
 from . import report as R
 from .cli import given, parse_args
+from ..checkpoint import why_not_writable
 from ..parallel.failures import is_raised_everywhere, raised_everywhere
 from .data import DataError
 
@@ -45,18 +45,9 @@ def _check_writable(out: str) -> None:
     to; found before any work, not when the first file is written."""
     if not out.strip():
         raise DataError("--results_dir is empty; name a folder such as runs/mine.")
-    probe = os.path.abspath(out)
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe):
-        what = "is a file" if probe == os.path.abspath(out) else f"lies under the file {probe!r}"
-        raise DataError(f"--results_dir {out!r} {what}, not a folder; choose another "
-                        f"--results_dir.")
-    try:
-        tempfile.TemporaryFile(dir=probe).close()
-    except OSError as e:
-        raise DataError(f"--results_dir {out!r} cannot be written ({probe!r}: "
-                        f"{e.strerror or e}); choose a folder you can write to.") from None
+    problem = why_not_writable(out)
+    if problem:
+        raise DataError(f"--results_dir {out!r} {problem}; choose another --results_dir.")
 
 
 def _check_folder(out: str, name: str, restart: bool) -> list[str]:

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..checkpoint import CheckpointError
+from ..checkpoint import CheckpointError, why_not_writable
 from ..parallel import on_root
 from .report import Reporter, check_epochs
 from .services import CheckpointStore, collective, read_meta
@@ -127,16 +127,22 @@ class InterleaveTrainers:
             raise RuntimeError("No trainers yet: add_trainer() first.")
         check_epochs(max_epochs, checkpoint_freq)
         self._check_same_turns()
+        on_root(self.strategy, lambda: self._check_outputs(checkpoint_freq), only_root=True)
         if checkpoint_freq:
             self.store.check_folder(self.epoch)
         self.reporter.claim(self.store.run_id)
         for epoch in self.reporter.epochs(self.epoch, max_epochs):
             params = self.params
+            handed_by = self.parts[-1][0] if self.epoch or epoch else None
             for name, trainer, n in self.parts:
                 started = time.perf_counter()
-                trainer.params = params
-                trainer.train(n)
-                params = trainer.params
+                try:
+                    trainer.params = params
+                    trainer.train(n)
+                except Exception as e:   # say whose parameters the failing turn started from
+                    e.add_note(_turn_note(epoch, name, handed_by))
+                    raise
+                params, handed_by = trainer.params, name
                 last = trainer.history[-1]
                 record = {"epoch": epoch, "trainer": name, "trainer_epoch": trainer.epoch,
                           "loss": last.get("loss", last.get("train_loss"))}
@@ -151,6 +157,18 @@ class InterleaveTrainers:
                 self.save_checkpoint(os.path.join(self.folder, f"epoch_{self.epoch:05d}"))
         if self.plot_file:
             self.plot(self.plot_file)
+
+    def _check_outputs(self, checkpoint_freq) -> None:
+        """The checkpoint folder and the plot file must be writable: found
+        before the first epoch, not after it."""
+        targets = [("plot_file", self.plot_file, False, False)] if self.plot_file else []
+        if checkpoint_freq:
+            targets.append(("checkpoint_base_path", self.folder, True, True))
+        for what, path, folder, parents in targets:
+            problem = why_not_writable(path, folder, parents)
+            if problem:
+                raise ValueError(f"InterleaveTrainers' {what} {path!r} {problem}; pass another "
+                                 f"{what}. Nothing was trained.")
 
     def _check_same_turns(self) -> None:
         """Every process must have the same trainers, names, num_updates and
@@ -225,8 +243,14 @@ class InterleaveTrainers:
                         f"mixes checkpoints of different runs or saves. Restore another "
                         f"epoch's folder.")
         on_root(self.strategy, check_parts, only_root=True)
-        for name, trainer, _ in self.parts:
-            trainer.restore(os.path.join(path, f"{name}.npz"))
+        saved = [_snapshot(trainer) for _, trainer, _ in self.parts]
+        try:
+            for name, trainer, _ in self.parts:
+                trainer.restore(os.path.join(path, f"{name}.npz"))
+        except BaseException:   # all or nothing: no set of trainers half restored
+            for (_, trainer, _), snapshot in zip(self.parts, saved):
+                _roll_back(trainer, snapshot)
+            raise
         self.epoch, self.history = int(meta["epoch"]), list(meta["history"])
 
     @collective
@@ -234,6 +258,34 @@ class InterleaveTrainers:
         """Each trainer's loss per fused epoch, one panel per trainer."""
         on_root(self.strategy, lambda: plot_history(self.history, [n for n, _, _ in self.parts],
                                                     path), only_root=True)
+
+
+def _turn_note(epoch: int, name: str, handed_by: str | None) -> str:
+    start = (f"the parameters {handed_by!r}'s turn handed on" if handed_by and handed_by != name
+             else "its own parameters" if handed_by else "the initial parameters")
+    return (f"(InterleaveTrainers: this failed in {name!r}'s turn of fused epoch {epoch}, which "
+            f"started from {start}.)")
+
+
+def _snapshot(trainer) -> tuple:
+    """What a trainer's ``restore`` may change: its attributes, its
+    checkpoint store's (the adopted run id) and its trajectory states."""
+    store = getattr(trainer, "store", None)
+    trajs = getattr(trainer, "trajstates", None)
+    return (dict(vars(trainer)), None if store is None else dict(vars(store)),
+            dict(trajs) if isinstance(trajs, dict) else None)
+
+
+def _roll_back(trainer, snapshot) -> None:
+    attrs, store_attrs, trajs = snapshot
+    vars(trainer).clear()
+    vars(trainer).update(attrs)
+    if store_attrs is not None:
+        vars(trainer.store).clear()
+        vars(trainer.store).update(store_attrs)
+    if trajs is not None:
+        trainer.trajstates.clear()
+        trainer.trajstates.update(trajs)
 
 
 def plot_history(history, names, path: str) -> None:
