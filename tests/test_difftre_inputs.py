@@ -319,3 +319,37 @@ def test_difftre_upstream_style_seed_and_args():
                                args["neighbor_fn"], SHORT, {"kT": 2.56},
                                args["quantities"], args["reference_states"][0],
                                targets={"rdf": {"target": np.ones(50)}})
+
+
+def test_save_checkpoint_after_or_inside_a_failing_on_update_says_what_happened(tmp_path):
+    """Issue 37: after an on_update exception, save_checkpoint claimed that
+    'update N failed' and pointed to an error state that does not exist; the
+    same came from save_checkpoint called inside on_update."""
+    import os
+    calls = []
+
+    def raising(record):
+        calls.append(record["update"])
+        if len(calls) == 2:
+            raise ZeroDivisionError("the user's callback")
+    trainer = bonded_pair(1, on_update=raising, checkpoint_path=str(tmp_path / "a"))
+    trainer.initialize_trajstates()
+    with pytest.raises(ZeroDivisionError) as e:
+        trainer.train(3)
+    assert "raised by on_update after update 1, which was applied" in " ".join(e.value.__notes__)
+    with pytest.raises(RuntimeError, match=r"Epoch 1 did not complete \(on_update raised "
+                                           r"ZeroDivisionError after update 1\).*call train\(\) "
+                                           r"again") as e:
+        trainer.save_checkpoint(str(tmp_path / "k.npz"))
+    assert "error state" not in str(e.value)
+    assert not os.path.exists(tmp_path / "a") or \
+        not any("error_state" in f for f in os.listdir(tmp_path / "a"))
+
+    def saving(record):
+        inside.save_checkpoint(str(tmp_path / "inside.npz"))
+    inside = bonded_pair(1, on_update=saving, checkpoint_path=str(tmp_path / "b"))
+    inside.initialize_trajstates()
+    with pytest.raises(RuntimeError, match=r"save_checkpoint was called from inside on_update: "
+                                           r"epoch 0 is still running"):
+        inside.train(1)
+    assert not os.path.exists(tmp_path / "inside.npz")

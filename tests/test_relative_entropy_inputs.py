@@ -71,3 +71,68 @@ def test_reference_frames_in_other_units_are_refused(tmp_path):
                                          r"reference frames in the model's units"):
         ex.bond_trainer(0, frames=10, reference_data=10.0 * frames, production=0.2,
                         progress=False, checkpoint_path=str(tmp_path / "a"))
+
+
+def _example():
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples",
+                                    "relative_entropy"))
+    import cg_bond_and_lj as ex
+    return ex
+
+
+def test_a_reference_frame_with_overlapping_particles_is_refused_by_number(tmp_path):
+    """One frame of 20 with two particles 0.005 nm apart: before, its
+    gradient (norm 4e22) overflowed Adam's float32 second moment and every
+    later loss was 0.0 with the parameters frozen, without an error. Only
+    frame 0 was checked."""
+    ex = _example()
+    frames = ex.exact_bond_frames(20, 3)
+    frames[7, 2] = frames[7, 0] + np.array([0.005, 0.0, 0.0])   # molecule 1 onto molecule 0
+    with pytest.raises(ValueError, match=r"reference frame\(s\) 7 \(.*\) have energies \(kJ/mol\) "
+                                         r"far above the others .*Remove it from reference_data"):
+        ex.bond_trainer(0, frames=20, reference_data=frames, production=0.2, prior=True,
+                        progress=False, checkpoint_path=str(tmp_path / "a"))
+    # the same frames without the overlap pass
+    ex.bond_trainer(0, frames=20, reference_data=ex.exact_bond_frames(20, 3), production=0.2,
+                    prior=True, initialize=False, progress=False,
+                    checkpoint_path=str(tmp_path / "b"))
+
+
+def test_an_update_that_overflows_the_optimizer_state_stops_training(tmp_path):
+    """A finite gradient so large that Adam's float32 second moment becomes
+    inf gives updates of 0 from then on: training silently stopped moving.
+    Here the gradient is scaled by 1e200 before Adam (float64: its square
+    overflows as 1e22 squared does in float32)."""
+    from chemtrain.trainers.services import TrainingError
+    ex = _example()
+    optimizer = optax.chain(optax.scale(1e200), optax.adam(1e-3))
+    trainer, _ = ex.bond_trainer(0, frames=20, production=0.2, optimizer=optimizer,
+                                 progress=False, checkpoint_path=str(tmp_path / "a"))
+    with pytest.raises(TrainingError, match=r"non-finite parameters or optimizer state in update "
+                                            r"0 .*optimizer's moments overflow"):
+        trainer.train(2)
+    assert trainer.update_count == 0
+
+
+def test_hdf5_reference_frames_are_fingerprinted_by_content(tmp_path):
+    """Node-local copies of the reference file with the same path but other
+    content changed the result silently: the fingerprint the processes
+    compare was the path, the rows and the batch size only."""
+    import h5py
+    from chemtrain.data import HDF5ParallelDataLoader
+    from chemtrain.trainers.relative_entropy import ReferenceFrames
+    ex = _example()
+    frames = ex.exact_bond_frames(30, 5)
+    path = str(tmp_path / "ref.h5")
+
+    def fingerprint(R):
+        with h5py.File(path, "w") as f:
+            f["R"] = R
+        loader = HDF5ParallelDataLoader(path, keys=["R"])
+        return ReferenceFrames(loader, R.shape[1:], R.dtype, 10, "test").fingerprint()
+    same = fingerprint(frames)
+    assert np.array_equal(fingerprint(frames.copy()), same)
+    shifted = frames.copy()
+    shifted[17, 3] += 0.01   # one coordinate of one frame
+    assert not np.array_equal(fingerprint(shifted), same)

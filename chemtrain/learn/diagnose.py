@@ -43,6 +43,12 @@ def energy_gradient_note(energy_fn_template, params, positions, neighbor,
     adds to a message."""
     def energy(p):
         return energy_fn_template(p)(positions, neighbor=neighbor, **energy_kwargs)
+    if not all_finite(params):
+        bad = [jax.tree_util.keystr(k) for k, v in jax.tree_util.tree_leaves_with_path(params)
+               if not np.all(np.isfinite(np.asarray(v)))]
+        return (f"The parameters themselves are not finite (NaN or inf in {', '.join(bad[:5])}): "
+                f"an earlier update made them so (a learning rate too high, or an optimizer or "
+                f"schedule that gives NaN).")
     try:
         value, grad = jax.value_and_grad(energy)(jax.tree.map(jnp.asarray, params))
     except Exception:  # noqa: BLE001 - a diagnosis must not raise

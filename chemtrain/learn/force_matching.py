@@ -240,11 +240,18 @@ def finish_metrics(sums: Mapping, targets) -> dict:
     return out
 
 
-def failed_step_message(nbr_errors: int, loss: float, where: str, grad_ok: bool = True) -> str:
+def failed_step_message(nbr_errors: int, loss: float, where: str, grad_ok: bool = True,
+                        update_ok: bool = True) -> str:
     """Why a step was not applied, and what to do about it."""
     if nbr_errors:
         return (f"The neighbor list overflowed (or saw an invalid box) for {nbr_errors} "
                 f"structure(s) in {where}. Allocate nbrs_init on the densest, largest structure "
                 f"with a larger capacity_multiplier.")
+    if grad_ok and np.isfinite(loss) and not update_ok:
+        return (f"The optimizer's update gives non-finite parameters or optimizer state in "
+                f"{where}, from a finite loss ({loss:.6g}) and gradient: a learning rate or "
+                f"schedule that gives NaN or inf, or a gradient so large that the optimizer's "
+                f"moments overflow (a structure with overlapping atoms?). Check the data and "
+                f"the optimizer.")
     return (f"The loss is {loss} (gradient finite: {grad_ok}) in {where}. Lower the learning "
             f"rate or check the data and the energy function.")

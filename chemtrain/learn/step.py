@@ -18,7 +18,8 @@ import optax
 def make_update(loss_fn: Callable, optimizer: optax.GradientTransformation, strategy) -> Callable:
     """Return the compiled ``update(params, opt_state, batch) ->
     (params, opt_state, stats)``; ``stats`` has 'loss', 'parts', 'nbr_errors',
-    'grad_ok' and 'ok' (replicated)."""
+    'grad_ok', 'update_ok' (new parameters and optimizer state finite) and
+    'ok' (replicated)."""
 
     def local_update(params, opt_state, batch):
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(strategy.vary(params), batch)
@@ -29,13 +30,24 @@ def make_update(loss_fn: Callable, optimizer: optax.GradientTransformation, stra
         ok = jnp.isfinite(loss) & (nbr_errors == 0) & grad_ok
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
+        # a finite but huge gradient can overflow the optimizer's moments
+        # (Adam's in float32 from |g| ~ 1e19): later steps would then be 0
+        update_ok = all_finite((new_params, new_opt_state))
+        ok = ok & update_ok
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
         stats = {"loss": loss, "parts": parts, "nbr_errors": nbr_errors, "ok": ok,
-                 "grad_ok": grad_ok}
+                 "grad_ok": grad_ok, "update_ok": update_ok}
         return keep(new_params, params), keep(new_opt_state, opt_state), stats
 
     return strategy.compile(local_update, in_sharded=(False, False, True),
                             out_sharded=(False, False, False))
+
+
+def all_finite(tree):
+    """Whether every inexact leaf of ``tree`` is finite (a traced bool)."""
+    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])) if leaves \
+        else jnp.asarray(True)
 
 
 def make_reduced(fn: Callable, strategy) -> Callable:

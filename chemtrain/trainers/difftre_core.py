@@ -26,6 +26,7 @@ import optax
 
 from ..learn import difftre as dt
 from ..learn import difftre_update as du
+from ..learn.diagnose import all_finite
 from ..parallel import agree, make_strategy, raised_everywhere
 from ..simulate.trajectory import NeighborListOverflowError, SimulationError
 from . import difftre_io
@@ -121,6 +122,8 @@ class _DifftreCore(HoldsState, DifftreSampling, DifftreFiles):
         self._templates: dict = {}  # trajectory-state structures (see difftre_io.unpack)
         self._comm_s = self._wait_s = 0.0  # this epoch: exchanges, waiting for others
         self._mid_epoch = False  # an update of an epoch failed: no resumable checkpoint
+        self._stopped = None     # why the epoch stopped: ("failed"|"callback", update, ...)
+        self._in_callback = False
         self._apply = jax.jit(lambda p, u, a: dt.scaled_params(p, u, a))
         self._opt_update = jax.jit(optimizer.update)
 
@@ -234,7 +237,7 @@ class _DifftreCore(HoldsState, DifftreSampling, DifftreFiles):
         epochs = self.reporter.epochs(self.epoch, max_epochs)
         for epoch in epochs:
             started, self._comm_s, self._wait_s = time.perf_counter(), 0.0, 0.0
-            self._mid_epoch = True
+            self._mid_epoch, self._stopped = True, None
             bar = self.reporter.bar(len(batches), f"epoch {epoch}")
             per_sp, step_sizes, norms = {}, [], []
             for batch in batches:
@@ -306,8 +309,16 @@ class _DifftreCore(HoldsState, DifftreSampling, DifftreFiles):
                 log.warning("Even a step scaled by %g reduces N_eff below %g of its value; "
                             "taking it.", scale, self.allowed_reduction)
         new_params = self._apply(params, updates, scale)
-        if not all(bool(jnp.all(jnp.isfinite(p))) for p in jax.tree.leaves(new_params)):
-            self._fail(f"The update gives non-finite parameters in {where}.", epoch)
+        if not bool(all_finite((new_params, opt_state))):
+            # e.g. a finite gradient of 1e22 overflows Adam's float32 second
+            # moment: every later step would be 0 and training silently stop
+            norm = float(np.sqrt(sum(float(np.sum(np.square(np.asarray(g, np.float64))))
+                                     for g in jax.tree.leaves(grads))))
+            self._fail(f"The update gives non-finite parameters or optimizer state in {where}, "
+                       f"from a finite loss and a gradient of norm {norm:.3g}: a learning rate "
+                       f"or schedule that gives NaN, or a gradient so large that the optimizer's "
+                       f"moments overflow, as from a configuration where the potential is "
+                       f"enormous (overlapping particles).", epoch)
         self.trajstates.update(new)
         reuses = self._reuses()
         for j, i in enumerate(batch):
@@ -320,9 +331,19 @@ class _DifftreCore(HoldsState, DifftreSampling, DifftreFiles):
         if self.consistency_check_every and self.update_count % self.consistency_check_every == 0:
             self.check_consistency()
         if self.on_update is not None:
-            self.on_update({"update": self.update_count - 1, "epoch": epoch, "batch": list(batch),
-                            "params_before": params, "params_after": new_params, "loss": loss,
-                            "step_size": scale, "statepoints": records})
+            self._in_callback = True
+            try:
+                self.on_update({"update": self.update_count - 1, "epoch": epoch,
+                                "batch": list(batch), "params_before": params,
+                                "params_after": new_params, "loss": loss, "step_size": scale,
+                                "statepoints": records})
+            except Exception as e:
+                self._stopped = ("callback", self.update_count - 1, type(e).__name__)
+                e.add_note(f"(raised by on_update after update {self.update_count - 1}, which "
+                           f"was applied)")
+                raise
+            finally:
+                self._in_callback = False
         norm = math.sqrt(sum(float(np.sum(np.square(g))) for g in jax.tree.leaves(grads)))
         return {"loss": loss, "step_size": scale, "statepoints": records, "grad_norm": norm}
 
@@ -382,6 +403,7 @@ class _DifftreCore(HoldsState, DifftreSampling, DifftreFiles):
         return cached[1]
 
     def _fail(self, message, epoch):
+        self._stopped = ("failed", self.update_count)
         trees, meta = self._capture(with_trajstates=False)
         self.store.fail(message, trees, dict(meta, failed_epoch=epoch),
                         name=f"{self.name}_error_state")

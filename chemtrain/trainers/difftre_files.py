@@ -33,11 +33,24 @@ class DifftreFiles:
         """Write parameters, optimizer state, histories and the trajectory
         states to ``path`` (plain data, atomic, root process). Call it on
         every process, after a completed epoch."""
-        if self._mid_epoch:
+        if self._in_callback:
             raise RuntimeError(
-                f"Epoch {self.epoch} did not complete (update {self.update_count} failed), so a "
-                f"checkpoint now could not be resumed; restore the last epoch checkpoint instead "
-                f"(the error state in {self.store.folder!r} holds the failed state for diagnosis).")
+                f"save_checkpoint was called from inside on_update: epoch {self.epoch} is still "
+                f"running, so its state is not a resumable checkpoint. Save after train() "
+                f"returns, or pass train(..., checkpoint_freq=1) to checkpoint every epoch.")
+        if self._mid_epoch:
+            stopped = self._stopped or ("interrupted", self.update_count)
+            if stopped[0] == "failed":
+                why = (f"update {stopped[1]} failed; the error state in {self.store.folder!r} "
+                       f"holds the failed state for diagnosis")
+            elif stopped[0] == "callback":
+                why = f"on_update raised {stopped[2]} after update {stopped[1]}"
+            else:
+                why = f"it was interrupted after {stopped[1]} updates in all"
+            raise RuntimeError(
+                f"Epoch {self.epoch} did not complete ({why}), so a checkpoint now could not be "
+                f"resumed. Restore the last epoch checkpoint, or call train() again: it goes on "
+                f"from the current parameters.")
         self.store.save(path, *self._capture())
 
     @collective

@@ -18,7 +18,7 @@ from ..data.loader import VALID
 from ..learn import force_matching as fm
 from ..learn.diagnose import energy_gradient_note
 from ..learn.step import make_reduced, make_update
-from ..models.template import as_template
+from ..models.template import as_template, check_reach
 from ..parallel import make_strategy, raised_everywhere
 from .report import Reporter, check_epochs, close_epoch
 from .services import (CheckpointStore, TrainingError, add_trees, check_consistency, collective,
@@ -68,6 +68,7 @@ class ForceMatching(HoldsState):
                  disable_shmap: bool | None = None):
         global_batch(batch, batch_per_device, 1, disable_shmap)  # argument errors first
         template = as_template(energy_fn_template)
+        check_reach(template, nbrs_init, "ForceMatching")
         self.strategy = make_strategy(parallelism, mesh, check_vma=template.check_vma
                                       if check_vma is None else check_vma)
         with self.strategy.failure_guard():
@@ -183,10 +184,11 @@ class ForceMatching(HoldsState):
 
     def _failed(self, stats, index, applied, epoch):
         self.state = self.state.replace(step=self.state.step + applied)
-        nbr_errors, loss, grad_ok = self.strategy.to_host(
-            (stats["nbr_errors"], stats["loss"], stats["grad_ok"]))
+        nbr_errors, loss, grad_ok, update_ok = self.strategy.to_host(
+            (stats["nbr_errors"], stats["loss"], stats["grad_ok"], stats["update_ok"]))
         message = fm.failed_step_message(int(nbr_errors), float(loss),
-                                         f"step {index} of epoch {epoch}", bool(grad_ok))
+                                         f"step {index} of epoch {epoch}", bool(grad_ok),
+                                         bool(update_ok))
         template, nbrs = self._diagnose
         if not int(nbr_errors) and nbrs is not None:
             note = energy_gradient_note(template, self.strategy.to_host(self.params),

@@ -54,7 +54,7 @@ class ReferenceFrames:
     Checked against the simulation's (N, dim); cast to its dtype."""
 
     def __init__(self, data, frame_shape, dtype, batch_size, where: str):
-        self.where, self.dtype = where, np.dtype(dtype)
+        self.where, self.dtype, self._checksum = where, np.dtype(dtype), None
         self.loader = data if hasattr(data, "read_indices") and hasattr(data, "schema") else None
         if self.loader is not None:
             if "R" not in self.loader.schema:
@@ -117,8 +117,14 @@ class ReferenceFrames:
         file and size, with the batch size."""
         if self.array is not None:
             return np.append(np.ravel(self.array).astype(np.float64), self.batch_size)
+        if self._checksum is None:   # the content: node-local copies may differ
+            crc = 0
+            for start in range(0, self.n, 1024):
+                R = self.loader.read_indices(np.arange(start, min(start + 1024, self.n)))["R"]
+                crc = zlib.crc32(np.ascontiguousarray(R).tobytes(), crc)
+            self._checksum = crc
         name = str(getattr(self.loader, "path", type(self.loader).__name__))
-        return np.array([zlib.crc32(name.encode()), self.n, self.batch_size])
+        return np.array([zlib.crc32(name.encode()), self.n, self.batch_size, self._checksum])
 
 
 class RelativeEntropy(_DifftreCore):
@@ -287,13 +293,23 @@ class RelativeEntropy(_DifftreCore):
                                  f"such as jax_md.simulate.nvt_langevin.")
             R = sp.data.take(np.arange(1))
             check_frame_scale(sp.name, np.asarray(R)[0], np.asarray(sp.reference)[0])
+            check_reference_energies(sp.name, self._all_reference_energies(sp),
+                                     float(np.asarray(sp.state_kwargs["kT"])))
+        super()._preflight(sp, trajs)
+
+    def _all_reference_energies(self, sp, chunk: int = 256) -> np.ndarray:
+        """The initial model's energy of every reference frame (once per
+        state point, in chunks of one compiled size)."""
+        size = min(chunk, sp.data.n)
+        out = []
+        for start in range(0, sp.data.n, size):
+            rows = np.arange(start, min(start + size, sp.data.n))
+            padded = np.concatenate([rows, np.full(size - len(rows), rows[0])])
+            R = sp.data.take(padded)
             U = self._on_reference_frames(sp, R, lambda nbrs: sp.fns.reference_energies(
                 self.params, R, nbrs, sp.state_kwargs))
-            if not np.isfinite(np.asarray(U)).all():
-                raise ValueError(f"State point {sp.name}: the energy of reference frame 0 is "
-                                 f"{float(np.asarray(U)[0])}; check that reference_data uses "
-                                 f"the model's units (nm) and box.")
-        super()._preflight(sp, trajs)
+            out.append(np.asarray(U, np.float64)[:len(rows)])
+        return np.concatenate(out)
 
     @collective
     def plot(self, path: str) -> None:
@@ -304,6 +320,29 @@ class RelativeEntropy(_DifftreCore):
 
 def _norm(tree) -> float:
     return math.sqrt(sum(float(np.sum(np.square(g))) for g in jax.tree.leaves(tree)))
+
+
+def check_reference_energies(name, U: np.ndarray, kT: float) -> None:
+    """Refuse reference frames whose energy under the initial model is not
+    finite, or so far above the others (more than 1,000 kT and 50 robust
+    standard deviations above the median) that they cannot belong to an
+    equilibrium ensemble: one frame with overlapping particles gives a
+    gradient that overflows the optimizer's moments, after which training
+    silently stops moving (issue 37)."""
+    bad = np.flatnonzero(~np.isfinite(U))
+    if len(bad):
+        raise ValueError(f"State point {name}: the energy of reference frame(s) "
+                         f"{bad[:5].tolist()} is {U[bad[0]]}; check that reference_data uses the "
+                         f"model's units (nm) and box, and remove broken frames.")
+    med = float(np.median(U))
+    spread = 1.4826 * float(np.median(np.abs(U - med)))
+    high = np.flatnonzero(U - med > max(50.0 * spread, 1000.0 * kT))
+    if len(high):
+        shown = ", ".join(f"{int(i)} ({U[i]:.4g})" for i in high[:5])
+        raise ValueError(f"State point {name}: reference frame(s) {shown} have energies (kJ/mol) "
+                         f"far above the others (median {med:.4g}, kT {kT:.4g}): overlapping "
+                         f"particles or a broken frame? Such a frame's gradient overflows the "
+                         f"optimizer. Remove it from reference_data.")
 
 
 def plot_history(history, path: str) -> None:
