@@ -88,6 +88,40 @@ def test_bad_parts_and_names_are_clear_errors(system):
         freeze(optax.sgd(0.1), p, [0])
 
 
+def test_parts_of_the_wrong_kind_are_named(system):
+    """Issue 37: a part giving per-particle energies, or a template that
+    returns jax-md's (neighbor_fn, energy_fn) pair, and freeze used on
+    parameters other than those it was built on, gave raw jax/Type errors."""
+    from jax_md import energy as jmd
+    displacement, nbr_fn = system
+    prior = repulsive_template(displacement, 0.8)
+    lj = lennard_jones_template(displacement, 0.9)
+    p = {"prior": {"sigma": 0.3, "epsilon": 1.0}, "lj": {"sigma": 0.34, "epsilon": 0.99}}
+
+    def per_particle(params):
+        full = lj(params)
+        return lambda R, neighbor=None, **kw: jnp.full(R.shape[0], full(R, neighbor=neighbor) / 2)
+    with pytest.raises(ValueError, match=r"part 'lj' returns an energy of shape \(2,\), not one "
+                                         r"number: per-particle energies\?"):
+        energy(sum_templates({"prior": prior, "lj": per_particle}), p, nbr_fn, 0.38)
+
+    def jax_md_pair(params):
+        return jmd.lennard_jones_neighbor_list(displacement, BOX, sigma=params["sigma"],
+                                               epsilon=params["epsilon"])
+    with pytest.raises(TypeError, match=r"part 'lj''s template returned tuple \(jax-md's "
+                                        r"\(neighbor_fn, energy_fn\) pair\? take its energy_fn\)"):
+        sum_templates({"prior": prior, "lj": jax_md_pair})(p)
+    opt = freeze(optax.adam(1e-3), p, ["prior"])
+    other = {"prior": p["prior"], "mace": {"w": jnp.ones(3)}}
+    with pytest.raises(ValueError, match=r"freeze was built on the parameters with entries "
+                                         r"\['lj', 'prior'\], but the parameters have \['mace', "
+                                         r"'prior'\]"):
+        opt.init(other)
+    state = opt.init(p)
+    with pytest.raises(ValueError, match=r"but the updates have \['mace', 'prior'\]"):
+        opt.update(other, state, p)
+
+
 def test_frozen_prior_stays_bitwise_unchanged(tmp_path):
     with jax.enable_x64(True):
         tr, _ = ex.bond_trainer(0, frames=50, production=2.0, prior=True, progress=False,

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from ..neighbors import edge_vectors, pair_weight
+from .template import EnergyTemplate, periodic
 
 
 def pair_energy(pair_fn: Callable, displacement_fn: Callable, positions, neighbor,
@@ -48,7 +49,7 @@ def lennard_jones_template(displacement_fn: Callable, r_cutoff: float,
             return pair_energy(lambda r: switch(r, params["sigma"], params["epsilon"]),
                                displacement_fn, positions, neighbor, **_box(kwargs))
         return energy_fn
-    return template
+    return EnergyTemplate(template, cutoff=float(r_cutoff), periodic=periodic(displacement_fn))
 
 
 def init_pair_mlp(key, hidden: Sequence[int] = (32, 32), n_basis: int = 16, dtype=jnp.float32):

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, Sequence
 
+import jax.numpy as jnp
 import optax
 
 from .pair import _box, pair_energy
-from .template import EnergyTemplate, as_template
+from .template import EnergyTemplate, as_template, periodic
 
 
 def repulsive_template(displacement_fn: Callable, r_cutoff: float,
@@ -50,7 +51,7 @@ def repulsive_template(displacement_fn: Callable, r_cutoff: float,
             return pair_energy(lambda r: switched(r, params["sigma"], params["epsilon"]),
                                displacement_fn, positions, neighbor, **_box(kwargs))
         return energy_fn
-    return template
+    return EnergyTemplate(template, cutoff=float(r_cutoff), periodic=periodic(displacement_fn))
 
 
 def sum_templates(templates: Mapping[str, Callable]) -> EnergyTemplate:
@@ -77,9 +78,26 @@ def sum_templates(templates: Mapping[str, Callable]) -> EnergyTemplate:
                              + (f"missing {missing}." if missing else
                                 f"got {type(params).__name__}."))
         energies = {name: t(params[name]) for name, t in parts.items()}
+        for name, e in energies.items():
+            if not callable(e):
+                pair = (" (jax-md's (neighbor_fn, energy_fn) pair? take its energy_fn)"
+                        if isinstance(e, tuple) else "")
+                raise TypeError(f"sum_templates: part {name!r}'s template returned "
+                                f"{type(e).__name__}{pair}; a template maps parameters to one "
+                                f"energy function energy_fn(positions, neighbor, **kwargs).")
 
         def energy_fn(positions, neighbor=None, **kwargs):
-            return sum(e(positions, neighbor=neighbor, **kwargs) for e in energies.values())
+            total = 0.0
+            for name, e in energies.items():
+                value = e(positions, neighbor=neighbor, **kwargs)
+                if jnp.ndim(value) != 0:
+                    raise ValueError(
+                        f"sum_templates: part {name!r} returns an energy of shape "
+                        f"{jnp.shape(value)}, not one number: per-particle energies? Each part "
+                        f"must return the total potential energy (e.g. jax-md's "
+                        f"energy functions with per_particle=False, or jnp.sum of them).")
+                total = total + value
+            return total
         return energy_fn
 
     checks = [t.validate_dataset for t in parts.values() if t.validate_dataset is not None]
@@ -87,8 +105,12 @@ def sum_templates(templates: Mapping[str, Callable]) -> EnergyTemplate:
     def validate(data):
         for check in checks:
             check(data)
+    cutoffs = [t.cutoff for t in parts.values() if t.cutoff is not None]
     return EnergyTemplate(fn, check_vma=all(t.check_vma for t in parts.values()),
-                          validate_dataset=validate if checks else None)
+                          validate_dataset=validate if checks else None,
+                          cutoff=max(cutoffs) if cutoffs else None,
+                          periodic=False if any(t.periodic is False for t in parts.values())
+                          else None)
 
 
 def freeze(optimizer: optax.GradientTransformation, params: Mapping,
@@ -110,4 +132,21 @@ def freeze(optimizer: optax.GradientTransformation, params: Mapping,
         raise ValueError(f"freeze: {unknown} are not entries of the parameters "
                          f"{sorted(params)}.")
     labels = {k: "frozen" if k in frozen else "trained" for k in params}
-    return optax.multi_transform({"trained": optimizer, "frozen": optax.set_to_zero()}, labels)
+    inner = optax.multi_transform({"trained": optimizer, "frozen": optax.set_to_zero()}, labels)
+
+    def check(tree, what):
+        keys = sorted(tree) if isinstance(tree, Mapping) else None
+        if keys != sorted(labels):
+            got = keys if keys is not None else type(tree).__name__
+            raise ValueError(f"freeze was built on the parameters with entries {sorted(labels)}, "
+                             f"but the {what} have {got}. Build it on the parameters it trains: "
+                             f"freeze(optimizer, those_params, {list(frozen)!r}).")
+
+    def init(params):
+        check(params, "parameters")
+        return inner.init(params)
+
+    def update(updates, state, params=None):
+        check(updates, "updates")
+        return inner.update(updates, state, params)
+    return optax.GradientTransformation(init, update)

@@ -23,10 +23,17 @@ class EnergyTemplate:
       validate_dataset: ``data -> None``, raising on data the model cannot
         use (unknown elements, missing species); trainers call it when a
         dataset is set.
+      cutoff: the range of the model (nm): pairs farther apart contribute
+        nothing. Trainers refuse a neighbor list that holds pairs only up to
+        a shorter distance (the pairs in between would be lost silently).
+      periodic: False for a model built on free space (``space.free()``),
+        which trainers refuse in a periodic simulation; None: unknown.
     """
     fn: Callable
     check_vma: bool = True
     validate_dataset: Callable[[Mapping], None] | None = None
+    cutoff: float | None = None
+    periodic: bool | None = None
 
     def __call__(self, params):
         return self.fn(params)
@@ -51,3 +58,48 @@ def as_template(template) -> EnergyTemplate:
             f"Say what the trainer must know explicitly: chemtrain.models.EnergyTemplate(fn, "
             f"check_vma=..., validate_dataset=...).")
     return EnergyTemplate(template)
+
+
+def is_free_space(displacement_fn) -> bool | None:
+    """Whether ``displacement_fn`` is free space (it returns the plain
+    difference of two points 10^6 apart; a periodic one wraps it); None
+    when it cannot be called without more arguments (or is None)."""
+    if displacement_fn is None:
+        return None
+    import jax.numpy as jnp
+    import numpy as np
+    try:
+        d = np.asarray(displacement_fn(jnp.zeros(3), jnp.full(3, 1.0e6)))
+    except Exception:  # noqa: BLE001 - e.g. periodic_general wanting box=
+        return None
+    return bool(np.allclose(d, -1.0e6))
+
+
+def check_reach(template, nbrs, where: str, periodic_box: bool = False) -> None:
+    """Refuse a neighbor list that holds fewer pairs than the model's range,
+    and a free-space model in a periodic simulation (a list built with a box,
+    or ``periodic_box``)."""
+    template = as_template(template)
+    if nbrs is None or not hasattr(nbrs, "idx"):
+        return
+    from ..neighbors import list_box, list_cutoff
+    reach = list_cutoff(nbrs)
+    if template.cutoff is not None and reach is not None \
+            and template.cutoff > reach * (1 + 1e-6) + 1e-12:
+        raise ValueError(
+            f"{where}: the energy model reaches {template.cutoff:g} nm, but the neighbor list "
+            f"holds pairs only up to {reach:g} nm, so the pairs in between would be left out "
+            f"without a word. Build the neighbor list with a cutoff of at least "
+            f"{template.cutoff:g} nm (or use a model of shorter range).")
+    if template.periodic is False and (periodic_box or list_box(nbrs) is not None):
+        raise ValueError(
+            f"{where}: the energy model was built on free space (space.free()), but the "
+            f"simulation is periodic, so pairs across the box edge would be missed. Build the "
+            f"model with the simulation's displacement function (space.periodic or "
+            f"space.periodic_general).")
+
+
+def periodic(displacement_fn) -> bool | None:
+    """:attr:`EnergyTemplate.periodic` of a model on ``displacement_fn``."""
+    free = is_free_space(displacement_fn)
+    return None if free is None else not free

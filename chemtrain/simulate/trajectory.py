@@ -382,7 +382,7 @@ def run_with_restart(run_fn: Callable, neighbor_fn, params, traj_state: TrajStat
                 f"{int(result.last_valid_step)} of its steps (neighbor capacity "
                 f"{result.capacity}). The potential or the time step is unstable at these "
                 f"parameters: check the parameters, reduce the time step or start from a "
-                f"relaxed configuration.")
+                f"relaxed configuration (in the model's units: positions in nm, not Å).")
         if not bool(result.overflow):
             return result
         if attempt == max_neighbor_retries:

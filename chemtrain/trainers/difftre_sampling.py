@@ -9,6 +9,7 @@ import jax
 
 from ..learn import difftre as dt
 from ..learn.difftre_checks import check_statepoint
+from ..models.template import check_reach
 from ..simulate.trajectory import run_with_restart
 from .services import collective
 
@@ -68,5 +69,30 @@ class DifftreSampling:
         """Check state point ``sp`` on its first configuration, once
         (:func:`chemtrain.learn.difftre_checks.check_statepoint`)."""
         if sp.index not in sp.fns.checked:
+            check_reference_span(sp, trajs[0].nbrs)
+            check_reach(sp.fns.energy_fn_template, trajs[0].nbrs, f"State point {sp.name}",
+                        periodic_box="box" in sp.state_kwargs)
             check_statepoint(sp, self.params, trajs[0])
             sp.fns.checked.add(sp.index)
+
+
+def check_reference_span(sp, nbrs) -> None:
+    """Refuse a reference state that spans more than 3 box lengths of the
+    periodic box its neighbor list (or ``state_kwargs['box']``) was built
+    with: positions in Å for a model in nm give 10 (issue 37)."""
+    import numpy as np
+    from ..neighbors import list_box
+    box = sp.state_kwargs.get("box")
+    box = list_box(nbrs) if box is None else np.asarray(box, np.float64)
+    if box is None:
+        return
+    ref = np.asarray(sp.reference, np.float64).reshape(-1, np.shape(sp.reference)[-1])
+    dim = ref.shape[-1]
+    sides = (np.diag(box) if np.ndim(box) == 2 else np.broadcast_to(box, (dim,)))
+    span = np.ptp(ref, axis=0)
+    if np.any(span > 3.0 * sides):
+        raise ValueError(
+            f"State point {sp.name}: the reference state spans {np.round(span, 4).tolist()} "
+            f"but the periodic box is {np.round(sides, 4).tolist()} wide "
+            f"({float(np.max(span / sides)):.3g} box lengths): positions in other units than the model's (Å for nm: divide by 10)? "
+            f"Give reference states in the units of the box and the model.")

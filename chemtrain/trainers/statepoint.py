@@ -155,8 +155,17 @@ def check_model_inputs(index: int, energy_fn_template, state_kwargs, reference) 
     validate = getattr(energy_fn_template, "validate_dataset", None)
     if validate is None:
         return
-    per_atom = {k: np.broadcast_to(np.asarray(state_kwargs[k]), reference.shape[:2])
-                for k in ("species", "mask") if k in state_kwargs}
+    per_atom = {}
+    for k in ("species", "mask"):
+        if k in state_kwargs:
+            value = np.asarray(state_kwargs[k])
+            try:
+                per_atom[k] = np.broadcast_to(value, reference.shape[:2])
+            except ValueError:
+                n = reference.shape[1]
+                raise ValueError(f"State point {index}: state_kwargs[{k!r}] has shape "
+                                 f"{value.shape}, but the reference state has {n} particles; "
+                                 f"give one value per particle, shape ({n},).") from None
     try:
         validate({"R": np.asarray(reference), **per_atom})
     except ValueError as e:

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from chemtrain import units
 from chemtrain.models.mace.model import MaceConfig, node_energies
 from chemtrain.neighbors import GRAPH_KEYS, check_minimum_image, edge_vectors
-from chemtrain.models.template import EnergyTemplate
+from chemtrain.models.template import EnergyTemplate, periodic
 
 LENGTH_TO_ANGSTROM = 1.0 / units.ANGSTROM_TO_NM   # nm -> Angstrom
 ENERGY_TO_KJ_PER_MOL = units.EV_TO_KJ_PER_MOL      # eV -> kJ/mol
@@ -127,4 +127,5 @@ def energy_fn_template(cfg: MaceConfig, displacement_fn: Callable | None = None,
         check_species(cfg, data.get("species"), data.get("mask"))
         check_cells(cfg, data)
 
-    return EnergyTemplate(template, check_vma=CHECK_VMA, validate_dataset=validate)
+    return EnergyTemplate(template, check_vma=CHECK_VMA, validate_dataset=validate,
+                          cutoff=cfg.r_max / LENGTH_TO_ANGSTROM, periodic=periodic(displacement_fn))
