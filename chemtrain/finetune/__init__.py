@@ -186,8 +186,10 @@ def _restore(trainer, earlier: list[str]) -> None:
         fix = (f"If it is damaged (e.g. a run killed while it was written), move it away; "
                f"--restart_latest then resumes from {earlier[-2]!r}." if len(earlier) > 1 else
                "There is no earlier checkpoint; start the run again in another --results_dir.")
-        raise DataError(f"--restart_latest cannot read the newest checkpoint {earlier[-1]!r} "
-                        f"({type(e).__name__}: {str(e)[:300]}). {fix}") from None
+        error = DataError(f"--restart_latest cannot read the newest checkpoint {earlier[-1]!r} "
+                          f"({type(e).__name__}: {str(e)[:300]}). {fix}")
+        # read on the root and raised on every process: printed once, no abort
+        raise (raised_everywhere(error) if is_raised_everywhere(e) else error) from None
 
 
 def run(argv=None) -> dict:

@@ -77,12 +77,12 @@ def is_free_space(displacement_fn) -> bool | None:
 
 def check_reach(template, nbrs, where: str, periodic_box: bool = False) -> None:
     """Refuse a neighbor list that holds fewer pairs than the model's range,
-    and a free-space model in a periodic simulation (a list built with a box,
-    or ``periodic_box``)."""
+    and a free-space model in a periodic simulation (a list whose metric is
+    periodic, or ``periodic_box``)."""
     template = as_template(template)
     if nbrs is None or not hasattr(nbrs, "idx"):
         return
-    from ..neighbors import list_box, list_cutoff
+    from ..neighbors import list_cutoff, list_is_periodic
     reach = list_cutoff(nbrs)
     if template.cutoff is not None and reach is not None \
             and template.cutoff > reach * (1 + 1e-6) + 1e-12:
@@ -91,7 +91,7 @@ def check_reach(template, nbrs, where: str, periodic_box: bool = False) -> None:
             f"holds pairs only up to {reach:g} nm, so the pairs in between would be left out "
             f"without a word. Build the neighbor list with a cutoff of at least "
             f"{template.cutoff:g} nm (or use a model of shorter range).")
-    if template.periodic is False and (periodic_box or list_box(nbrs) is not None):
+    if template.periodic is False and (periodic_box or list_is_periodic(nbrs)):
         raise ValueError(
             f"{where}: the energy model was built on free space (space.free()), but the "
             f"simulation is periodic, so pairs across the box edge would be missed. Build the "

@@ -136,6 +136,24 @@ def list_box(nbrs):
         return None
 
 
+def list_is_periodic(nbrs) -> bool | None:
+    """Whether a jax-md neighbor list measures distances periodically (its
+    metric wraps two points 10^6 apart), False for free space, None when
+    unknown. A box given to a free-space list (jax-md asks for one) does
+    not make it periodic."""
+    update_fn = getattr(nbrs, "update_fn", None)
+    if isinstance(update_fn, _UpdateWithCutoff):
+        update_fn = update_fn.fn
+    metric_sq = _jax_md_closure(update_fn).get("metric_sq")
+    if not callable(metric_sq):
+        return None
+    try:
+        d2 = float(np.asarray(metric_sq(jnp.zeros(3), jnp.full(3, 1.0e6))))
+    except Exception:  # noqa: BLE001 - a metric wanting more arguments: unknown
+        return None
+    return not np.isclose(d2, 3.0e12)
+
+
 def _jax_md_closure(update_fn) -> dict:
     """The variables jax-md's ``neighbor_list`` closes its update over."""
     if update_fn is None or isinstance(update_fn, _UpdateWithCutoff):

@@ -94,5 +94,6 @@ def check_reference_span(sp, nbrs) -> None:
         raise ValueError(
             f"State point {sp.name}: the reference state spans {np.round(span, 4).tolist()} "
             f"but the periodic box is {np.round(sides, 4).tolist()} wide "
-            f"({float(np.max(span / sides)):.3g} box lengths): positions in other units than the model's (Å for nm: divide by 10)? "
-            f"Give reference states in the units of the box and the model.")
+            f"({float(np.max(span / sides)):.3g} box lengths): positions in other units than "
+            f"the model's (Å for nm: divide by 10)? Give reference states in the units of the "
+            f"box and the model.")
