@@ -262,7 +262,7 @@ def run_mace_torch(files, args) -> dict:
 
 def evaluate_mace_torch(model_path, files):
     """Test-set errors of mace-torch's model, by chemtrain's summary."""
-    import mace.calculators  # import mace before e3nn/torch.load (see NOTES.md)
+    import mace.calculators  # import mace before e3nn: e3nn's import torch.load's a file torch's default refuses
     import torch
     model = torch.load(model_path, weights_only=False, map_location="cpu")  # our own file
     n_params = int(sum(p.numel() for p in model.parameters()))

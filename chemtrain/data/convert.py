@@ -189,14 +189,14 @@ def _stress(atoms, i, path):
 
 def _graphs(data: dict, n_atoms: int, cutoff: float, capacity, progress: bool) -> dict:
     """Precomputed graphs of every structure (unpadded positions, nm)."""
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar
     if not (np.isfinite(cutoff) and cutoff > 0):
         raise ConversionError(f"graph_cutoff must be a positive length in nm, got {cutoff!r}.")
     n = len(data["U"])
     box = data.get("box")
     pbc = data.get("pbc")
     edges = []
-    for k in tqdm(range(n), desc="neighbor graphs", disable=not progress):
+    for k in progress_bar(range(n), desc="neighbor graphs", disable=not progress):
         natoms = int(data["natoms"][k])
         cell = np.zeros((3, 3)) if box is None else np.asarray(box[k]).T
         periodic = (np.zeros(3, bool) if box is None or not cell.any() else
@@ -309,7 +309,7 @@ def _hdf5_image(data: dict, n: int, n_atoms: int, chunk: int, source: str, progr
     closes the file, which would leave no chance to remove the partial
     output or to report the error."""
     import h5py
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar
     buf = io.BytesIO()
     with h5py.File(buf, "w") as f:
         f.attrs.update({"length_unit": "nm", "energy_unit": "kJ/mol", "force_unit": "kJ/mol/nm",
@@ -318,7 +318,7 @@ def _hdf5_image(data: dict, n: int, n_atoms: int, chunk: int, source: str, progr
         if graph_cutoff is not None:
             f.attrs["graph_cutoff_nm"] = float(graph_cutoff)
         ds = {}
-        with tqdm(total=n, desc=f"converting {os.path.basename(source)}",
+        with progress_bar(total=n, desc=f"converting {os.path.basename(source)}",
                   disable=not progress) as bar:
             for start in range(0, n, chunk):
                 stop = min(n, start + chunk)

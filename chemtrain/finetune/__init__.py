@@ -1,4 +1,4 @@
-"""``chemtrain-finetune``: train or fine-tune MACE on any data set in one command.
+"""``chemtrain-finetune``: train or fine-tune MACE on any data set in one command::
 
     chemtrain-finetune --train_file data.xyz --foundation_model mace.model \\
         --trust_foundation_model --max_num_epochs 50 --results_dir runs/mine
@@ -287,7 +287,7 @@ def run(argv=None) -> dict:
     trainer = ForceMatching(params, optimizer, template, nbrs_init, batch=args.batch_size,
                             parallelism=args.parallelism, gammas=gammas, weights_keys=weights_keys,
                             checkpoint_path=ckpt_dir, log_file=os.path.join(out, "metrics.jsonl"),
-                            seed=args.seed)
+                            seed=args.seed, epoch_line=R.epoch_line(ready.get("validation")))
     root = trainer.strategy.is_root
     say = print if root else (lambda *a, **k: None)
     setup = _setup(args, sets, rows, not args.foundation_model)

@@ -25,6 +25,30 @@ def errors(pred: dict, ref: dict) -> dict:
     return out
 
 
+def epoch_line(validation: dict | None):
+    """The per-epoch log line of ``chemtrain-finetune`` in mace-torch's units:
+    validation energy MAE in meV/atom (when every validation structure has the
+    same number of atoms, so that the per-structure MAE the trainer records
+    divides exactly) and force MAE in meV/Å."""
+    atoms = None
+    if validation is not None and "mask" in validation:
+        counts = np.unique(np.asarray(validation["mask"]).astype(bool).sum(1))
+        atoms = int(counts[0]) if len(counts) == 1 else None
+
+    def line(record: dict) -> str:
+        text = f"train loss {record['train_loss']:.5g}"
+        if "val_loss" not in record:
+            return text
+        text += f", val loss {record['val_loss']:.5g}"
+        val = record.get("val", {})
+        if "U" in val and atoms:
+            text += f", val energy MAE {1e3 * val['U']['MAE'] / ENERGY / atoms:.4g} meV/atom"
+        if "F" in val:
+            text += f", val force MAE {1e3 * val['F']['MAE'] / FORCE:.4g} meV/Å"
+        return text
+    return line
+
+
 def references(ref: dict) -> dict:
     zero = {k: 0 * v for k, v in ref.items() if k in ("U", "F", "stress")}
     return {k: -v for k, v in errors(zero, ref).items()}

@@ -115,9 +115,9 @@ def precompute_graphs(R, box=None, cutoff: float = None, pbc=None, mask=None,
     periodic = np.broadcast_to(np.asarray(True if pbc is None else pbc, bool), (n, 3)) & \
         has_cell[:, None]
     real = np.ones((n, atoms), bool) if mask is None else np.asarray(mask, bool)
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar
     edges = []
-    for k in tqdm(range(n), desc="neighbor graphs", disable=not progress):
+    for k in progress_bar(range(n), desc="neighbor graphs", disable=not progress):
         keep = np.nonzero(real[k])[0]
         s, r, S = host_edges(R[k, keep], cells[k], periodic[k], cutoff, backend)
         edges.append((keep[s], keep[r], S))

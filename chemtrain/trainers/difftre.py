@@ -58,7 +58,8 @@ class DifftreParallel(_DifftreCore):
         was sampled (:func:`chemtrain.learn.reuse.reuse_distance`, from N_eff
         and the trajectory's decorrelated samples); default 0.2. Without it
         (None) an optimiser that keeps reusing one trajectory settles on
-        that trajectory's sampling noise (issue 31: 19 % off a known kb).
+        that trajectory's sampling noise (19 % off a known bond constant in
+        ``benchmarks/reweighting_known_answers.py``).
       max_reuses: recompute a trajectory that has served this many updates
         after the one it was sampled for (default 4; 0 recomputes every
         update; None: no limit). A reused trajectory's error repeats in
@@ -99,15 +100,27 @@ class DifftreParallel(_DifftreCore):
                  simulator_template: Callable, neighbor_fn, timings, state_kwargs: Mapping,
                  quantities: Mapping, targets: Mapping, observables: Mapping | None = None, *,
                  reference_states=None, loss_fn: Callable | None = None,
-                 vmap_batch: int | None = 10, **options):
-        # options: sim_batch_size, parallelism, reweight_ratio, max_reuse_se,
-        # max_reuses, step_size_search, allowed_reduction, n_step_candidates, overflow_capacity_multiplier,
-        # max_neighbor_retries, checkpoint_path, log_file, plot_file, plot_x,
-        # progress, consistency_check_every, name, on_update (see above)
+                 vmap_batch: int | None = 10, sim_batch_size: int = 1,
+                 reweight_ratio: float = 0.9, parallelism: str = "auto",
+                 max_reuse_se: float | None = 0.2, max_reuses: int | None = 4,
+                 step_size_search: bool = False, allowed_reduction: float = 0.5,
+                 n_step_candidates: int = 10, overflow_capacity_multiplier: float = 1.5,
+                 max_neighbor_retries: int = 3, checkpoint_path: str = "checkpoints",
+                 log_file: str | None = None, plot_file: str | None = None, plot_x=None,
+                 progress: bool = True, consistency_check_every: int | None = None,
+                 name: str = "difftre", on_update: Callable | None = None):
         n = _check_batch_inputs(state_kwargs, targets, reference_states)
         dt.resolve_observables(targets, quantities, observables)
-        dt.statepoint_batches(n, options.get("sim_batch_size", 1))
-        super().__init__(key, init_params, optimizer, **options)
+        dt.statepoint_batches(n, sim_batch_size)
+        super().__init__(
+            key, init_params, optimizer, sim_batch_size=sim_batch_size,
+            reweight_ratio=reweight_ratio, parallelism=parallelism, max_reuse_se=max_reuse_se, max_reuses=max_reuses,
+            step_size_search=step_size_search, allowed_reduction=allowed_reduction,
+            n_step_candidates=n_step_candidates,
+            overflow_capacity_multiplier=overflow_capacity_multiplier,
+            max_neighbor_retries=max_neighbor_retries, checkpoint_path=checkpoint_path,
+            log_file=log_file, plot_file=plot_file, plot_x=plot_x, progress=progress,
+            consistency_check_every=consistency_check_every, name=name, on_update=on_update)
         with self.strategy.failure_guard():
             specs = {k: {kk: vv for kk, vv in v.items() if kk != "target"}
                      for k, v in targets.items()}
@@ -162,20 +175,35 @@ class Difftre(_DifftreCore):
     with its own potential template, simulator, timings and targets.
 
     ``Difftre(init_params, optimizer, reweight_ratio=0.9, sim_batch_size=1)``
-    then :meth:`add_statepoint` per state point and :meth:`train`. Other
-    options as in :class:`DifftreParallel` (``key`` defaults to
-    ``PRNGKey(0)``).
+    then :meth:`add_statepoint` per state point and :meth:`train`. The
+    keyword arguments mean what they mean in :class:`DifftreParallel`;
+    ``energy_fn_template`` and ``loss_fn`` are defaults for state points added
+    without one, and ``key`` defaults to ``PRNGKey(0)``.
     """
 
     trainer_name = "Difftre"
 
     def __init__(self, init_params, optimizer, reweight_ratio: float = 0.9,
                  sim_batch_size: int = 1, energy_fn_template: Callable | None = None, *,
-                 key=None, loss_fn: Callable | None = None, **options):
+                 key=None, loss_fn: Callable | None = None, parallelism: str = "auto",
+                 max_reuse_se: float | None = 0.2, max_reuses: int | None = 4,
+                 step_size_search: bool = False, allowed_reduction: float = 0.5,
+                 n_step_candidates: int = 10, overflow_capacity_multiplier: float = 1.5,
+                 max_neighbor_retries: int = 3, checkpoint_path: str = "checkpoints",
+                 log_file: str | None = None, plot_file: str | None = None, plot_x=None,
+                 progress: bool = True, consistency_check_every: int | None = None,
+                 name: str = "difftre", on_update: Callable | None = None):
         self.energy_fn_template = energy_fn_template
         self._default_loss_fn = loss_fn
-        super().__init__(key, init_params, optimizer, reweight_ratio=reweight_ratio,
-                         sim_batch_size=sim_batch_size, **options)
+        super().__init__(
+            key, init_params, optimizer, sim_batch_size=sim_batch_size,
+            reweight_ratio=reweight_ratio, parallelism=parallelism, max_reuse_se=max_reuse_se, max_reuses=max_reuses,
+            step_size_search=step_size_search, allowed_reduction=allowed_reduction,
+            n_step_candidates=n_step_candidates,
+            overflow_capacity_multiplier=overflow_capacity_multiplier,
+            max_neighbor_retries=max_neighbor_retries, checkpoint_path=checkpoint_path,
+            log_file=log_file, plot_file=plot_file, plot_x=plot_x, progress=progress,
+            consistency_check_every=consistency_check_every, name=name, on_update=on_update)
 
     @collective
     def add_statepoint(self, energy_fn_template, simulator_template, neighbor_fn, timings,

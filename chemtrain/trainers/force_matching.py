@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 import jax
 import numpy as np
@@ -27,6 +27,17 @@ from .stages import DataStages, global_batch
 from .state import FMState, HoldsState
 
 log = logging.getLogger("chemtrain")
+
+
+def epoch_line(record: Mapping) -> str:
+    """The default text of an epoch's log line, in chemtrain's units:
+    ``"train loss 0.886, val loss 0.2596, val force MAE 373.7 kJ/mol/nm"``."""
+    text = f"train loss {record['train_loss']:.5g}"
+    if "val_loss" in record:
+        text += f", val loss {record['val_loss']:.5g}"
+        if "F" in record.get("val", {}):
+            text += f", val force MAE {record['val']['F']['MAE']:.4g} kJ/mol/nm"
+    return text
 
 
 class ForceMatching(HoldsState):
@@ -51,6 +62,12 @@ class ForceMatching(HoldsState):
       check_vma: shard_map's varying-axis check; None takes the template's.
       consistency_check_every: every k steps compare checksums of the state
         across processes and raise naming the first leaf that differs.
+      epoch_line: ``record -> str``, the text of each epoch's log line after
+        ``"epoch k: "``, from the record the metrics file gets (``train_loss``,
+        ``val_loss``, ``val[target]["MAE"/"RMSE"]`` in kJ/mol and kJ/mol/nm).
+        Default :func:`epoch_line`; ``chemtrain-finetune`` passes one in eV/Å.
+      batch_per_device: structures per device instead of ``batch``.
+      disable_shmap: evaluate the batch without ``shard_map`` (single device).
 
     The resumable state is one :class:`~chemtrain.trainers.state.FMState`,
     ``trainer.state``; ``params``, ``opt_state``, ``epoch``, ``step``,
@@ -65,7 +82,8 @@ class ForceMatching(HoldsState):
                  checkpoint_path: str = "checkpoints", log_file: str | None = None, seed: int = 0,
                  progress: bool = True, check_vma: bool | None = None,
                  consistency_check_every: int | None = None, batch_per_device: int | None = None,
-                 disable_shmap: bool | None = None):
+                 disable_shmap: bool | None = None,
+                 epoch_line: Callable[[dict], str] | None = None):
         global_batch(batch, batch_per_device, 1, disable_shmap)  # argument errors first
         template = as_template(energy_fn_template)
         check_reach(template, nbrs_init, "ForceMatching")
@@ -77,6 +95,10 @@ class ForceMatching(HoldsState):
             self.batch, self.optimizer = int(batch), optimizer
             self.gammas, self.weights_keys = fm.check_gammas(gammas), dict(weights_keys or {})
             self.consistency_check_every = consistency_check_every
+            if epoch_line is not None and not callable(epoch_line):
+                raise TypeError(f"epoch_line must be a function record -> str or None, got "
+                                f"{type(epoch_line).__name__}.")
+            self.epoch_line = epoch_line or globals()["epoch_line"]
             self._diagnose = (template, nbrs_init)   # for the message of a failed step
             self.reporter = Reporter(self.strategy, log_file, progress)
             self.store = CheckpointStore(self.strategy, checkpoint_path, "ForceMatching")
@@ -159,14 +181,12 @@ class ForceMatching(HoldsState):
                       "train_parts": {t: float(host["parts"][t]) / n_steps for t in self.gammas}}
             monitored = record["train_loss"]
             done = dict(train_losses=[*self.state.train_losses, monitored])
-            text = f"epoch {epoch}: train loss {monitored:.5g}"
             if "validation" in self.data:
                 val = self.evaluate("validation")
                 monitored = val["loss"]
                 done["val_losses"] = [*self.state.val_losses, monitored]
                 record.update(val_loss=monitored, val={t: val[t] for t in self.gammas})
-                text += f", val loss {monitored:.5g}" + (
-                    f", val force MAE {val['F']['MAE']:.4g} kJ/mol/nm" if "F" in val else "")
+            text = f"epoch {epoch}: " + self.epoch_line(record)
             if monitored < self.state.best_loss:
                 done.update(best_loss=monitored, best_params=self.strategy.to_host(self.params))
             close_epoch(self.strategy, self.reporter, record, text, epochs, start,

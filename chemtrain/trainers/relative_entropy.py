@@ -160,14 +160,27 @@ class RelativeEntropy(_DifftreCore):
 
     def __init__(self, init_params, optimizer, reweight_ratio: float = 0.9,
                  sim_batch_size: int = 1, energy_fn_template: Callable | None = None, *,
-                 key=None, **options):
+                 key=None, parallelism: str = "auto",
+                 max_reuse_se: float | None = 0.2, max_reuses: int | None = 4,
+                 step_size_search: bool = False, allowed_reduction: float = 0.5,
+                 n_step_candidates: int = 10, overflow_capacity_multiplier: float = 1.5,
+                 max_neighbor_retries: int = 3, checkpoint_path: str = "checkpoints",
+                 log_file: str | None = None, plot_file: str | None = None, plot_x=None,
+                 progress: bool = True, consistency_check_every: int | None = None,
+                 name: str = "relentropy", on_update: Callable | None = None):
         self.energy_fn_template = energy_fn_template
         self._functions: list = []   # (inputs, RelativeEntropyFunctions) shared by state points
         self._reference_batch: dict = {}   # (state point, stream) -> (update, reference batch)
         self._data_nbrs: dict = {}   # state point -> neighbor list of its reference frames
-        super().__init__(key, init_params, optimizer, reweight_ratio=reweight_ratio,
-                         sim_batch_size=sim_batch_size, name=options.pop("name", "relentropy"),
-                         **options)
+        super().__init__(
+            key, init_params, optimizer, sim_batch_size=sim_batch_size,
+            reweight_ratio=reweight_ratio, parallelism=parallelism, max_reuse_se=max_reuse_se, max_reuses=max_reuses,
+            step_size_search=step_size_search, allowed_reduction=allowed_reduction,
+            n_step_candidates=n_step_candidates,
+            overflow_capacity_multiplier=overflow_capacity_multiplier,
+            max_neighbor_retries=max_neighbor_retries, checkpoint_path=checkpoint_path,
+            log_file=log_file, plot_file=plot_file, plot_x=plot_x, progress=progress,
+            consistency_check_every=consistency_check_every, name=name, on_update=on_update)
 
     @collective
     def add_statepoint(self, reference_data, energy_fn_template, simulator_template, neighbor_fn,

@@ -1,5 +1,5 @@
 """What a trainer shows and writes while it trains, from the root process:
-tqdm bars (quiet on other processes and in logs), a log line per epoch and
+tqdm bars (on a terminal, root only), a log line per epoch and
 one JSON line per epoch in the metrics file (``log_file``), plus the checks
 of the arguments that steer them (epochs, the metrics file).
 
@@ -16,17 +16,10 @@ import time
 from typing import Mapping
 
 import numpy as np
-from tqdm.auto import tqdm
-
 from ..parallel.failures import on_root
+from ..progress import progress_bar
 
 log = logging.getLogger("chemtrain")
-
-
-def progress_bar(iterable=None, **kwargs):
-    kwargs.setdefault("dynamic_ncols", True)
-    kwargs.setdefault("mininterval", 0.5)
-    return tqdm(iterable, **kwargs)
 
 
 def check_log_file(log_file) -> None:

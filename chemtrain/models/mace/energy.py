@@ -23,7 +23,8 @@ ENERGY_TO_KJ_PER_MOL = units.EV_TO_KJ_PER_MOL      # eV -> kJ/mol
 
 # cuequivariance-jax 0.13 drops JAX's varying-manual-axis type in the
 # derivatives of its segmented polynomials, so shard_map's check fails on
-# them (NOTES.md: "Expected cotangent type ...{V:data}"). With the check off,
+# them (JAX raises "Expected cotangent type ...{V:data}"; see the docs'
+# "Architecture" page, parallel training of MACE). With the check off,
 # the trainer's step (chemtrain.learn.step) still casts the parameters to
 # varying before differentiating and averages the local gradients with an
 # explicit pmean (Strategy.vary / Strategy.mean_gradient), which is correct

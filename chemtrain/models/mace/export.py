@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import warnings
 
 import numpy as np
 
@@ -80,7 +81,12 @@ def build_torch_model(cfg: M.MaceConfig, params, dtype=None):
         raise ValueError(f"dtype must be 'float32' or 'float64', got {dtype}.")
     _check_shapes(cfg, params)
     tdtype = getattr(torch, dtype)
-    with _default_dtype(torch, tdtype):
+    with _default_dtype(torch, tdtype), warnings.catch_warnings():
+        # e3nn scripts its modules with TorchScript as they are built, and
+        # TorchScript warns (about a dozen times) about e3nn's own
+        # annotations: nothing about this model or the user's input
+        warnings.filterwarnings("ignore", category=UserWarning,
+                                message="The TorchScript type system doesn't support")
         model = _construct(cfg)
     _fill_buffers(model, cfg, torch)
     _compare_configs(cfg, config_from_torch(model), rtol=1e-6 if dtype == "float32" else 1e-12)
@@ -250,7 +256,9 @@ def _fill_weights(model, cfg: M.MaceConfig, params, torch) -> None:
             if value.size != target.numel():
                 raise UnsupportedModelError(f"Cannot export: {name} has {target.numel()} "
                                             f"entries in mace-torch, {value.size} in chemtrain.")
-            target.copy_(torch.as_tensor(value.reshape(tuple(target.shape))).to(target.dtype))
+            # a copy: torch warns on arrays it cannot write to (e.g. read from an extxyz run)
+            target.copy_(torch.as_tensor(np.array(value.reshape(tuple(target.shape)), copy=True))
+                         .to(target.dtype))
 
 
 def _symmetric_to_torch(sc, layer: M.Layer, cue_weights):

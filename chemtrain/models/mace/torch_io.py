@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 
 import numpy as np
 
@@ -56,9 +57,14 @@ def _torch_load_default_kept():
 
 def _import_torch():
     try:
-        with _torch_load_default_kept():
-            # mace must come before e3nn, whose import torch.load's a constants
-            # file that torch's safe default refuses (see NOTES)
+        with _torch_load_default_kept(), warnings.catch_warnings():
+            # mace must come before e3nn: e3nn's import torch.load's a
+            # constants file (no weights_only argument) that torch's safe
+            # default refuses; importing mace sets the environment variable
+            # that lets it load, and e3nn then warns that the variable is set.
+            # That warning is about the two libraries, not the user's input.
+            warnings.filterwarnings("ignore", category=UserWarning,
+                                    message="Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
             import mace  # noqa: F401
             import mace.modules  # noqa: F401
             import torch
