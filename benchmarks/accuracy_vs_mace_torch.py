@@ -64,7 +64,7 @@ badly when other jobs hold the cores. On the 2-core project machine at load
 average 3-5, mace_run_train's epochs took 62-169 s with torch's default
 threads and 12-13 s with ``--torch-threads 1`` (OMP_NUM_THREADS=1); chemtrain's
 took 34-44 s (first epoch 72 s, compiling). On the quiet machine (load below
-2) at the defaults: 6.5-8.8 s and 12.3-14.0 s (README, Benchmarks). The fastest epoch of each side
+2) at the defaults: 6.5-8.8 s and 12.3-14.0 s (docs/performance.md). The fastest epoch of each side
 (printed) is the least loaded figure. mace-torch is also not bit-reproducible
 on CPU: two runs with the same seed and files agreed for 2 epochs and then
 drifted apart (test force RMSE 0.253 and 0.281 eV/A after 5 epochs at the

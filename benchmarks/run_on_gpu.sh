@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The MACE benchmark on a GPU machine that has JAX (CUDA) and PyTorch but
 # no network: the missing packages come as wheels in .whl/ (pure-Python ones
-# and cp312 builds; see the README's Benchmarks section for the list).
+# and cp312 builds; see docs/performance.md for the list).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1

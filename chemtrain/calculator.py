@@ -47,24 +47,70 @@ FORMATS = ("sparse", "dense", "ordered_sparse")
 
 
 def host_neighbors(atoms, cutoff: float):
-    """All directed edges ``(i, j, S)`` of ASE ``atoms`` with ``|R[j] - R[i]
-    + S @ cell| < cutoff`` (Angstrom), every periodic image included, no self
-    edges of zero shift (:func:`chemtrain.neighbors.host_edges`)."""
+    """All directed edges of ASE ``atoms`` within ``cutoff``, every periodic image included.
+
+    The edges are the ``(i, j, S)`` with ``|R[j] - R[i] + S @ cell| <
+    cutoff``, without self edges of zero shift, found on the host by
+    :func:`chemtrain.neighbors.host_edges` (matscipy when installed, else
+    ASE). ``S`` is zero along non-periodic directions.
+
+    Args:
+      atoms: an ``ase.Atoms``; its positions and cell are in Angstrom (cell
+        vectors as rows, ASE's layout).
+      cutoff: the cutoff distance in Angstrom.
+
+    Returns:
+      A tuple ``(i, j, S)`` of senders (E,), receivers (E,) and cell shifts
+      (E, 3) in units of the cell vectors, all int32, for E edges.
+
+    Raises:
+      ValueError: from :func:`chemtrain.neighbors.host_edges`, if the cell's
+        periodic vectors are zero or linearly dependent.
+    """
     i, j, S = host_edges(atoms.positions, atoms.cell.array, atoms.pbc, float(cutoff))
     return i.astype(np.int32), j.astype(np.int32), S.astype(np.int32)
 
 
 class ChemtrainCalculator(Calculator):
-    """ASE calculator for a chemtrain energy template (see the module docs).
+    """ASE calculator for a chemtrain energy template or MACE model (see the module docs).
 
-    ``energy_fn_template(params)`` returns ``energy_fn(positions, neighbor,
-    **kwargs)`` in nm and kJ/mol; ``cutoff`` is its cutoff in nm.
-    ``neighbor_format`` is one of ``'sparse'``, ``'dense'``,
-    ``'ordered_sparse'``; ``species_kwarg`` names the keyword that receives
-    the atomic numbers (``None``: none). ``capacity`` is the initial number of
-    edge slots (``dense``: neighbors per atom), by default ``growth`` times
-    the first structure's need. ``dtype`` (``'float32'`` or ``'float64'``)
-    defaults to the parameters' precision.
+    It gives ``energy`` and ``free_energy`` (the same value) in eV,
+    ``forces`` (atoms, 3) in eV/Angstrom and, for cells periodic in all
+    three directions, ``stress`` (Voigt order, 6 values) in eV/Angstrom^3,
+    converting to and from the template's nm and kJ/mol. The constructor
+    wraps an energy template; :meth:`from_mace` builds one for a chemtrain
+    MACE model. The neighbor list is built on the host for every structure
+    and padded to a capacity that grows to ``growth`` times the need whenever
+    a structure needs more, so the energy function compiles once per atom
+    count and capacity. Setting ``calc.params`` to new parameters of the
+    same shapes reuses the compiled function. A calculation raises ASE's
+    ``PropertyNotImplementedError`` for a stress the cell or template cannot
+    give, and ``ValueError`` (or a subclass) for structures it refuses
+    (non-finite positions or cell, a periodic cell without volume, partly
+    periodic or too narrow cells for a template, elements a MACE model does
+    not know).
+
+    Args:
+      energy_fn_template: ``params -> energy_fn(positions, neighbor,
+        **kwargs)``, with positions in nm and the energy in kJ/mol.
+      params: the template's parameters (pytree).
+      cutoff: the template's cutoff in nm (not Angstrom).
+      neighbor_format: the jax-md neighbor-list format the energy function
+        gets: ``'sparse'``, ``'dense'`` or ``'ordered_sparse'``.
+      species_kwarg: the keyword of ``energy_fn`` that receives the atomic
+        numbers (atoms,); None: none is passed.
+      capacity: the initial number of edge slots (``'dense'``: neighbors per
+        atom); default: ``growth`` times the first structure's need.
+      growth: factor by which the capacity grows, > 1.
+      dtype: ``'float32'`` or ``'float64'``; default: float64 if any
+        parameter is float64, else float32.
+      **kwargs: passed on to ``ase.calculators.calculator.Calculator``.
+
+    Raises:
+      ValueError: if ``neighbor_format`` is not one of the three formats,
+        ``growth`` <= 1, ``capacity`` < 1, ``dtype`` is neither float32 nor
+        float64, or ``dtype`` is float64 while JAX runs without
+        ``jax_enable_x64``.
     """
 
     implemented_properties = ["energy", "free_energy", "forces", "stress"]

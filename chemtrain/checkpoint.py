@@ -57,12 +57,24 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 
 
 def why_not_writable(path: str, folder: bool = True, makes_parents: bool = True) -> str | None:
-    """Why this process could not write ``path`` (a folder, or a file when
-    ``folder`` is False), in words for a message after the path; None when
-    it can. Folders above it that do not exist yet count as creatable when
-    ``makes_parents`` (else the file's folder must exist). Probed with a
-    temporary file in the nearest existing folder, which also catches
-    read-only mounts that permission bits do not show."""
+    """Say why this process could not write ``path``, or return None when it can.
+
+    The probe creates and removes a temporary file in the nearest existing
+    folder, which also catches read-only mounts that permission bits do not
+    show. Nothing else is created.
+
+    Args:
+      path: the folder (or, with ``folder=False``, the file) to be written.
+      folder: whether ``path`` is meant as a folder (True) or a file.
+      makes_parents: whether folders above ``path`` that do not exist yet
+        count as creatable; if False, the folder that would hold ``path``
+        must exist.
+
+    Returns:
+      None when ``path`` can be written; else the reason, in words meant to
+      follow the path in a message (e.g. ``"is a file, not a folder"``,
+      ``"lies under the file '...'"``, ``"cannot be written (...)"``).
+    """
     target = os.path.abspath(os.fspath(path))
     if os.path.exists(target):
         if folder and not os.path.isdir(target):
@@ -113,9 +125,21 @@ def _remove_stale_tmp(path: str) -> None:
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a crash leaves the old file or the
-    new one (plus, after a kill, a ``.<name>.tmp-*`` file that the next write
-    of ``path`` removes)."""
+    """Write ``data`` to ``path`` atomically: a crash leaves the old file or the new one.
+
+    The bytes go to a temporary file ``.<name>.tmp-XXXXXXXX`` in the same
+    folder, are fsynced and renamed over ``path``; then the folder is
+    fsynced. After a kill such a temporary file may remain; the next write of
+    ``path`` removes it. Missing folders above ``path`` are created.
+
+    Args:
+      path: the file to write.
+      data: its new contents.
+
+    Raises:
+      OSError: if the folder cannot be created or the file cannot be
+        written or renamed; a temporary file already made is removed.
+    """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     _remove_stale_tmp(path)
@@ -165,7 +189,28 @@ def _verify(data: bytes, path: str) -> bool:
 # -- save and load --------------------------------------------------------------
 
 def save(path: str, trees: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
-    """Save pytrees of arrays (``trees``) and JSON-able ``meta`` to ``path``."""
+    """Save pytrees of arrays and JSON-able metadata to a checkpoint file.
+
+    The file is an ``.npz`` archive with one array per leaf and the JSON
+    header ``__meta__``, sealed with its SHA-256 checksum (format version 2)
+    and written with :func:`atomic_write_bytes`.
+
+    Args:
+      path: the file to write (by convention ending in ``.npz``).
+      trees: ``{name: pytree of numeric arrays}``; names must not contain
+        ``'/'``.
+      meta: JSON-able metadata (epoch, number of shards, ...). Its keys
+        ``format``, ``format_version`` and ``trees`` are replaced by the
+        header's own.
+
+    Raises:
+      ValueError: if a tree name contains ``'/'``.
+      TypeError: if a leaf is not numeric data (an object array), or
+        ``meta`` is not JSON-serialisable.
+      RuntimeError: if numpy wrote an archive without the expected zip end
+        record, so that the checksum cannot be added.
+      OSError: if the file cannot be written.
+    """
     arrays, paths = {}, {}
     for name, tree in trees.items():
         if "/" in name:
@@ -184,12 +229,30 @@ def save(path: str, trees: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
 
 
 def load(path: str) -> tuple[dict, dict[str, list[np.ndarray]]]:
-    """Read a checkpoint: ``(meta, {tree name: list of leaves})``. Runs no code.
+    """Read a checkpoint written by :func:`save`; runs no code (no pickle).
 
-    Raises :class:`CheckpointNotFoundError` (a ``FileNotFoundError``) when
-    there is no file, and :class:`CheckpointError` naming the file for
-    anything else: damage of any kind, another file format, a header without
-    the expected fields, or missing arrays.
+    Version-2 files must carry a matching SHA-256 checksum; version-1 files
+    (no checksum) are still read. Use :func:`unflatten_like` to turn a
+    tree's leaves back into a pytree.
+
+    Args:
+      path: the checkpoint file.
+
+    Returns:
+      A tuple ``(meta, leaves)`` of the header as a dict (the caller's
+      metadata plus ``format``, ``format_version`` and ``trees``, the leaf
+      paths of every tree) and ``{tree name: list of numpy arrays}``, in the
+      order of the leaf paths.
+
+    Raises:
+      CheckpointNotFoundError: if there is no file at ``path`` (also a
+        ``FileNotFoundError``).
+      CheckpointError: naming the file, if ``path`` is a folder, empty,
+        damaged in any way (checksum mismatch, missing checksum of a
+        version-2 file, unreadable archive), of another file format, of an
+        unknown format version, has a header without the expected fields,
+        or lacks arrays the header lists. Other ``OSError`` exceptions of
+        opening the file (such as ``PermissionError``) propagate unchanged.
     """
     try:
         with open(path, "rb") as f:
@@ -251,7 +314,24 @@ def _check_header(meta, path: str, sealed: bool) -> None:
 
 
 def unflatten_like(template, leaves: list[np.ndarray], paths: list[str], name: str):
-    """Rebuild ``template``'s pytree from saved ``leaves``, checking each one."""
+    """Rebuild ``template``'s pytree from saved ``leaves``, checking each one.
+
+    Args:
+      template: a pytree of this run with the expected structure, shapes
+        and dtypes (e.g. the trainer's own state).
+      leaves: the saved leaves, as :func:`load` returns them for one tree.
+      paths: the saved leaf paths (``jax.tree_util.keystr`` of each), from
+        the header's ``trees`` entry.
+      name: the tree's name in error messages.
+
+    Returns:
+      A pytree with ``template``'s structure holding ``leaves``.
+
+    Raises:
+      CheckpointError: if ``paths`` differ from ``template``'s leaf paths
+        (other leaves, or the same in another order), or a leaf's shape or
+        dtype differs from the template's.
+    """
     import jax
     expected = _leaves_with_paths(template)
     mine = [p for p, _ in expected]

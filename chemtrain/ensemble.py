@@ -24,8 +24,16 @@ def is_npt(state) -> bool:
 
 
 def box_kwargs(state) -> dict:
-    """``{'box': box}`` of an NPT state (for its displacement, neighbor-list
-    update and energy; fractional coordinates), ``{}`` for fixed boxes."""
+    """The box keyword arguments a simulation state needs.
+
+    Args:
+      state: a jax-md simulator state (NVT or NPT).
+
+    Returns:
+      ``{'box': box}`` for an NPT state (its current box, for the
+      displacement, the neighbor-list update and the energy; positions are
+      fractional coordinates), ``{}`` for a state in a fixed box.
+    """
     if is_npt(state):
         from jax_md import simulate
         return {"box": simulate.npt_box(state)}

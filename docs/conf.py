@@ -1,5 +1,6 @@
 """Sphinx configuration of chemtrain's documentation (``sphinx-build -W -b html docs docs/_build``)."""
 import os
+import shutil
 import sys
 
 sys.path.insert(0, os.path.abspath(".."))
@@ -66,6 +67,7 @@ def _public_names(module_name):
 
 def _write_api_pages():
     """One page per public package listing its ``__all__``, so the reference follows the code."""
+    import importlib
     here = os.path.dirname(os.path.abspath(__file__))
     for module_name, line in API.items():
         names = _public_names(module_name)
@@ -73,7 +75,13 @@ def _write_api_pages():
                 f".. automodule:: {module_name}", "   :no-members:", "",
                 f".. currentmodule:: {module_name}", "",
                 ".. autosummary::", "   :toctree: generated", "   :nosignatures:", ""]
-        body += [f"   {n}" for n in names]
+        module = importlib.import_module(module_name)
+        constants = [n for n in names if not callable(getattr(module, n))]
+        body += [f"   {n}" for n in names if n not in constants]
+        if constants:   # values, not pages: a constant's docstring would be its type's
+            body += ["", "Constants", "---------", "", ".. list-table::", ""]
+            for n in constants:
+                body += [f"   * - ``{n}``", f"     - ``{getattr(module, n)!r}``"]
         text = "\n".join(body) + "\n"
         path = os.path.join(here, "api", f"{module_name}.rst")
         if not os.path.exists(path) or open(path).read() != text:
@@ -110,5 +118,8 @@ def _write_flag_table():
             f.write(text)
 
 
+# autosummary never removes the pages of names that left an __all__: start clean
+shutil.rmtree(os.path.join(os.path.dirname(os.path.abspath(__file__)), "api", "generated"),
+              ignore_errors=True)
 _write_api_pages()
 _write_flag_table()

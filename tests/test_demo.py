@@ -1,4 +1,4 @@
-"""The README's main job runs end to end (shortened)."""
+"""The Lennard-Jones demo (python -m chemtrain.demo) runs end to end (shortened)."""
 import json
 import os
 import subprocess

@@ -97,3 +97,33 @@ def test_reweighting_trainers_show_every_keyword():
             assert name in params, (cls.__name__, name)
             expected = "relentropy" if (cls is RelativeEntropy and name == "name") else p.default
             assert params[name].default == expected, (cls.__name__, name)
+
+
+PUBLIC = ["chemtrain.trainers", "chemtrain.models", "chemtrain.models.mace", "chemtrain.data",
+          "chemtrain.neighbors", "chemtrain.simulate", "chemtrain.quantity", "chemtrain.parallel",
+          "chemtrain.calculator", "chemtrain.checkpoint", "chemtrain.units", "chemtrain.finetune"]
+
+
+def test_public_names_document_their_arguments():
+    """Every public function and class of the API reference has a docstring,
+    with an ``Args:`` section (Google style) when it takes arguments."""
+    import importlib
+    sys.path.insert(0, os.path.join(ROOT, "docs"))
+    missing = []
+    for module_name in PUBLIC:
+        module = importlib.import_module(module_name)
+        names = getattr(module, "__all__", None) or [
+            n for n, v in vars(module).items() if not n.startswith("_") and callable(v)
+            and getattr(v, "__module__", "") == module_name]
+        for name in names:
+            obj = getattr(module, name)
+            if not (inspect.isfunction(obj) or inspect.isclass(obj)):
+                continue
+            doc = inspect.getdoc(obj) or ""
+            try:
+                takes = [p for p in inspect.signature(obj).parameters if p != "self"]
+            except (TypeError, ValueError):
+                takes = []
+            if not doc or (takes and "Args:" not in doc and "Attributes:" not in doc):
+                missing.append(f"{module_name}.{name}")
+    assert not missing, f"{len(missing)} public names lack a docstring with Args: {missing}"

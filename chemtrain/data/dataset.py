@@ -140,10 +140,35 @@ def validate_dataset(data: Mapping, required: Iterable[str] = ("R",), name: str 
                      weights: Iterable[str] = ()) -> dict:
     """Check a dataset and return it as a dict of numpy arrays.
 
-    Raises ``ValueError`` naming the problem: not a dict, missing keys, unequal
-    lengths, NaN/inf in positions, energies or forces, shapes that do not
-    match (see :func:`check_shapes`), or per-structure weights (the keys in
-    ``weights`` that the dataset has) that are negative or not finite.
+    The dataset follows the conventions of :mod:`chemtrain.data.dataset`:
+    one row per structure, ``R`` (n, atoms, 3) in nm, ``U`` (n,) in kJ/mol,
+    ``F`` (n, atoms, 3) in kJ/mol/nm, ``stress`` (n, 3, 3) in kJ/mol/nm^3,
+    ``mask`` (n, atoms), ``box`` (n, 3, 3), (n, 3) or (n,), and precomputed
+    graphs ``senders``/``receivers`` (n, edges) and ``shifts`` (n, edges, 3).
+    Every problem found raises an error that names it.
+
+    Args:
+      data: mapping of key -> array, every array with the same first
+        (structure) axis.
+      required: keys the dataset must have (default: positions ``R`` only).
+      name: what to call the dataset in error messages.
+      weights: keys of per-structure weights, shape (n,); those present in
+        ``data`` must be finite and >= 0.
+
+    Returns:
+      A new dict with the same keys and every value as a numpy array
+      (``np.asarray``: arrays that already are numpy arrays are not copied).
+
+    Raises:
+      TypeError: if ``data`` is not a mapping.
+      ValueError: if a required key is missing; an entry is a single number
+        (0-d); the arrays have unequal lengths; ``R``, ``U``, ``F``,
+        ``stress`` or ``box`` does not hold numbers or holds NaN/inf; shapes
+        do not match each other (see :func:`check_shapes`; e.g. ``U`` of
+        shape (n, 1) is refused, not broadcast); per-structure weights are not
+        numbers, not finite or negative; or the graph keys are incomplete,
+        not integers, hold atom indices outside [0, atoms], or hold non-zero
+        cell shifts without a ``box``.
     """
     if not isinstance(data, Mapping):
         raise TypeError(f"{name} must be a dict of arrays with one row per structure "
@@ -184,12 +209,48 @@ def validate_dataset(data: Mapping, required: Iterable[str] = ("R",), name: str 
 
 
 def dataset_length(data: Mapping) -> int:
+    """Number of structures of a dataset: the length of its first array.
+
+    The other arrays are not looked at; :func:`validate_dataset` checks that
+    all lengths agree.
+
+    Args:
+      data: mapping of key -> array with one row per structure.
+
+    Returns:
+      The first array's length along axis 0, as an int.
+
+    Raises:
+      StopIteration: if ``data`` has no entries.
+    """
     return int(next(iter(data.values())).shape[0])
 
 
 def split_dataset(data: Mapping, train_ratio: float = 0.7, val_ratio: float = 0.1,
                   shuffle: bool = False, seed: int = 0) -> dict[str, dict]:
-    """Split into 'training', 'validation' and 'testing' parts by ratios."""
+    """Split a dataset into 'training', 'validation' and 'testing' parts by ratios.
+
+    Of n structures, ``round(n * train_ratio)`` go to training, the next
+    ``round(n * val_ratio)`` to validation and the rest to testing (which may
+    be empty). Without ``shuffle`` the parts are consecutive rows in the
+    original order. The dataset is not validated.
+
+    Args:
+      data: mapping of key -> numpy array with one row per structure.
+      train_ratio: fraction of the structures for training, in (0, 1].
+      val_ratio: fraction for validation, >= 0, with ``train_ratio +
+        val_ratio <= 1``.
+      shuffle: draw the rows of the parts in a random order (a permutation
+        from ``numpy.random.default_rng(seed)``) instead of in order.
+      seed: seed of that permutation; used only with ``shuffle``.
+
+    Returns:
+      ``{'training': part, 'validation': part, 'testing': part}``, each part a
+      dict with ``data``'s keys holding the selected rows (copies).
+
+    Raises:
+      ValueError: if the ratios are out of range or add up to more than 1.
+    """
     if not (0 < train_ratio <= 1 and 0 <= val_ratio and train_ratio + val_ratio <= 1 + 1e-12):
         raise ValueError(f"Need 0 < train_ratio <= 1, 0 <= val_ratio and train_ratio + "
                          f"val_ratio <= 1; got {train_ratio}, {val_ratio}.")
@@ -207,10 +268,31 @@ def pad_systems(systems: list[Mapping], n_atoms: int | None = None,
                 pad_position: float | np.ndarray = 0.0) -> dict:
     """Stack structures of different size into one padded dataset.
 
-    Per-atom arrays (``per_atom`` keys) are padded to ``n_atoms`` (default: the
-    largest system) and a boolean ``mask`` (structures, atoms) marks real
-    atoms. Padded positions are ``pad_position``; padded forces and species 0.
-    Other keys are stacked as they are.
+    Per-atom arrays (``per_atom`` keys, atoms along their first axis) are
+    padded to ``n_atoms`` atoms and a boolean ``mask`` (structures, atoms)
+    marks real atoms. Padded positions are ``pad_position``; the padding of
+    every other per-atom key (forces, species, ...) is 0. Other keys are
+    stacked as they are, so they must have the same shape in every system.
+    The keys are those of the first system.
+
+    Args:
+      systems: one mapping per structure, each with positions ``R`` (atoms,
+        3) in nm and, e.g., forces ``F`` (atoms, 3) in kJ/mol/nm, ``species``
+        (atoms,) and energy ``U`` (a number, kJ/mol).
+      n_atoms: atoms per padded structure; default: the largest system.
+      per_atom: the keys to pad along the atom axis.
+      pad_position: position of the padded atoms (nm), a number or an array
+        that broadcasts to (padded atoms, 3), such as a point (3,).
+
+    Returns:
+      A dict of stacked arrays with a leading structure axis; per-atom keys
+      (structures, n_atoms, ...), other keys (structures, ...), and ``mask``
+      (structures, n_atoms), True for real atoms (a ``mask`` of the systems
+      is replaced).
+
+    Raises:
+      ValueError: if ``systems`` is empty, or ``n_atoms`` is smaller than the
+        largest system.
     """
     if not systems:
         raise ValueError("pad_systems needs at least one system.")

@@ -18,14 +18,24 @@ VALID = "_valid"
 
 @runtime_checkable
 class Loader(Protocol):
-    """What a trainer relies on in a data loader.
+    """What a trainer relies on in a data loader (a runtime-checkable protocol).
 
-    ``n`` structures; ``seed`` of the batch order (a restored trainer sets
-    it); ``len(loader)`` batches per epoch; ``local_batches(strategy, epoch)``
-    yields this process's numpy rows of every global batch with a boolean
-    ``_valid`` column. ``configure`` binds a loader that reads for itself to
-    a trainer (``trainer.set_loader`` calls it); in-memory loaders are built
-    configured.
+    A loader has ``n`` structures and a ``seed`` of the batch order; a
+    restored trainer sets the seed. ``len(loader)`` is the number of batches
+    per epoch. ``local_batches(strategy, epoch)`` yields, for every global
+    batch of the epoch, this process's rows as a dict of numpy arrays with a
+    boolean ``_valid`` column (``VALID``) that marks padding rows False.
+    ``configure(batch, training, seed, strategy, required=(), weights=())``
+    binds a loader that reads for itself (such as
+    :class:`HDF5ParallelDataLoader`) to a trainer: its global batch size,
+    whether the loader serves the training stage, the seed and the
+    strategy; it may check that the loader holds the keys in ``required``
+    and valid per-structure weights under the keys ``weights``.
+    ``trainer.set_loader`` calls it. In-memory loaders are built configured.
+
+    Attributes:
+      n: number of structures.
+      seed: seed of the batch order.
     """
     n: int
     seed: int
@@ -47,9 +57,35 @@ def epoch_order(n: int, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
 class InMemoryLoader:
     """Iterate over global batches of an in-memory dataset.
 
-    Training (``drop_last=True``) skips the incomplete last batch of a
-    shuffled epoch; evaluation (``drop_last=False``) pads it with invalid
-    samples that the metrics ignore.
+    Every process draws the same global order from ``seed`` and the epoch
+    and takes its own rows of each global batch. For training
+    (``drop_last=True``) the incomplete last batch of an epoch is skipped
+    (when shuffled, different structures each epoch); for evaluation
+    (``drop_last=False``) it is padded with invalid samples (copies of a
+    real row, marked False in ``VALID``) that the metrics ignore.
+
+    Args:
+      data: dict of numpy arrays with one row per structure (see
+        :func:`validate_dataset`). With a strategy that scatters from the
+        root only the root needs it; other processes may pass None and then
+        must give ``n`` and ``schema``.
+      batch: the global batch size (structures per step over all processes).
+      shuffle: draw a new order every epoch (from ``seed`` and the epoch);
+        else the rows go in their order.
+      seed: seed of the batch order.
+      drop_last: skip an incomplete last batch instead of padding it.
+      n: number of structures; default: the length of ``data``.
+      schema: ``{key: (row shape, dtype string)}`` of ``data``'s arrays;
+        default: read from ``data``.
+
+    Attributes:
+      data: the dataset (None where this process holds none).
+      n: number of structures.
+      schema: row shape and dtype of each key.
+      batch: the global batch size.
+      shuffle: whether each epoch is shuffled.
+      seed: seed of the batch order.
+      drop_last: whether an incomplete last batch is skipped.
     """
 
     def __init__(self, data: dict | None, batch: int, shuffle: bool = True, seed: int = 0,

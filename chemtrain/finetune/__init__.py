@@ -193,8 +193,42 @@ def _restore(trainer, earlier: list[str]) -> None:
 
 
 def run(argv=None) -> dict:
-    """Run the job; return what ``results.json`` holds. Raises
-    :class:`DataError` (bad flags or data) before anything is written."""
+    """Run one ``chemtrain-finetune`` job and return what ``results.json`` holds.
+
+    The job reads and checks the data, builds or loads the model, trains it
+    with :class:`chemtrain.trainers.ForceMatching` and, on the root process,
+    writes the plots, the model files and ``results.json`` into
+    ``--results_dir`` (see the module docs). Errors are reported in eV and
+    Angstrom, the units of mace-torch.
+
+    Args:
+      argv: the command-line arguments without the program name, as
+        ``mace_run_train`` takes them (see :mod:`chemtrain.finetune.cli`);
+        None: ``sys.argv[1:]``.
+
+    Returns:
+      A dict with ``before`` and ``after`` (the test errors of the starting
+      and the trained model, ``{'energy_eV_per_atom' | 'force_eV_per_A' |
+      'stress_eV_per_A3': {'MAE': ..., 'RMSE': ...}}``, in eV/atom,
+      eV/Angstrom and eV/Angstrom^3), ``epoch`` (epochs trained in all),
+      ``test_set`` (``'testing'``, or ``'validation'`` when there is no test
+      set), ``n_test``, ``test_rows`` (the rows of ``--train_file`` tested
+      on; None when the test set is ``--test_file``, empty when it is
+      ``--valid_file``), ``parallelism`` (the strategy's name), ``n_shards``,
+      ``train_file`` and ``config`` (the MACE configuration as a dict). On
+      the root process also the paths ``model_npz``, ``model_torch`` (unless
+      ``--no_torch_export``) and ``curve_plot`` (when a learning curve was
+      drawn).
+
+    Raises:
+      DataError: for bad flags or data (a ``--results_dir`` that cannot be
+        written or holds another run, a missing checkpoint for
+        ``--restart_latest`` or a run it does not continue, outliers,
+        no edges within r_max, no test or validation set, ...), before
+        anything is written.
+      SystemExit: from the argument parser, for unknown or invalid flags
+        (code 2) and for ``--help`` (code 0).
+    """
     args = parse_args(argv)
     size_flags = given(argv, M.SIZE_FLAGS)
     import jax
@@ -381,10 +415,27 @@ def run(argv=None) -> dict:
 
 
 def main(argv=None) -> int:
-    """Console entry point: errors in the flags or the data end the job with
-    their message (exit code 2); nothing has been written then. Under an MPI
-    launcher with several ranks such an error on one rank ends every rank
-    (``MPI_Abort``): the others may be waiting for it in a collective."""
+    """Console entry point of ``chemtrain-finetune``: :func:`run` with logging to stdout.
+
+    Errors in the flags or the data (:class:`DataError`) end the job with
+    their message on stderr (``chemtrain-finetune: error: ...``) and exit
+    code 2; nothing has been written then. An error raised on every process
+    is printed once, by rank 0. Under an MPI launcher with several ranks an
+    error on one rank only ends every rank (``MPI_Abort`` with code 2): the
+    others may be waiting for it in a collective. Other exceptions
+    propagate.
+
+    Args:
+      argv: the command-line arguments without the program name; None:
+        ``sys.argv[1:]``.
+
+    Returns:
+      The exit code, 0 when the job finished and 2 after a :class:`DataError`.
+
+    Raises:
+      SystemExit: from the argument parser, for unknown or invalid flags
+        (code 2) and for ``--help`` (code 0).
+    """
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     logging.getLogger("jax").setLevel(logging.WARNING)
     try:

@@ -28,10 +28,34 @@ from .template import EnergyTemplate, as_template, periodic
 
 def repulsive_template(displacement_fn: Callable, r_cutoff: float,
                        r_onset: float | None = None) -> Callable:
-    """The repulsion ``epsilon (sigma / r)^12`` with parameters ``{'sigma',
-    'epsilon'}`` (nm, kJ/mol), multiplied by jax-md's smooth switch from 1 at
-    ``r_onset`` (default 0.9 ``r_cutoff``) to 0 at ``r_cutoff``; summed over
-    the pairs of a neighbor list or graph."""
+    """Repulsive prior template ``epsilon (sigma / r)^12``, smoothly switched off.
+
+    The repulsion is multiplied by jax-md's smooth switch from 1 at
+    ``r_onset`` to 0 at ``r_cutoff`` and summed over the pairs of a neighbor
+    list or graph (see :func:`~chemtrain.models.pair_energy`); this is upstream
+    chemtrain's repulsive prior. The template's parameters are
+    ``{'sigma': nm, 'epsilon': kJ/mol}``. Its energy function
+    ``energy_fn(positions, neighbor, **kwargs)`` takes positions (N, 3) in nm,
+    forwards ``box`` and ``perturbation`` from ``kwargs`` to the displacement
+    function, ignores other keyword arguments and returns the total energy (a
+    scalar, kJ/mol).
+
+    Args:
+      displacement_fn: jax-md displacement function; may be None for
+        precomputed graphs.
+      r_cutoff: distance in nm beyond which the energy is zero.
+      r_onset: distance in nm where the switch starts; default
+        ``0.9 * r_cutoff``.
+
+    Returns:
+      An :class:`~chemtrain.models.EnergyTemplate` with ``cutoff=r_cutoff``
+      and ``periodic`` inferred from ``displacement_fn``. Calling it raises
+      ``ValueError`` if the parameters are not a dict holding ``'sigma'`` and
+      ``'epsilon'``.
+
+    Raises:
+      ValueError: unless ``0 < r_onset < r_cutoff``.
+    """
     from jax_md import energy as jmd_energy
     r_onset = 0.9 * r_cutoff if r_onset is None else r_onset
     if not 0 < r_onset < r_cutoff:
@@ -55,11 +79,35 @@ def repulsive_template(displacement_fn: Callable, r_cutoff: float,
 
 
 def sum_templates(templates: Mapping[str, Callable]) -> EnergyTemplate:
-    """One template whose energy is the sum of ``templates`` (name ->
-    template), on parameters ``{name: that template's parameters}``. Every
-    part receives the positions, the neighbor list and all keyword
-    arguments. The sum keeps shard_map's varying-axis check only if every
-    part can, and checks datasets with every part's check."""
+    """Combine energy templates into one whose energy is the sum of the parts.
+
+    Every part receives the positions, the neighbor list and all keyword
+    arguments. The energy function ``energy_fn(positions, neighbor=None,
+    **kwargs)`` takes positions (N, 3) in nm and returns the sum of the
+    parts' energies (a scalar, kJ/mol).
+
+    Args:
+      templates: dict ``{name: template}``, e.g.
+        ``{"prior": ..., "mace": ...}``; each template is a callable or an
+        :class:`~chemtrain.models.EnergyTemplate`. The names key the parameters.
+
+    Returns:
+      An :class:`~chemtrain.models.EnergyTemplate` on parameters
+      ``{name: that part's parameters}``. It keeps shard_map's varying-axis check
+      (``check_vma``) only if every part can, checks datasets with every part's
+      ``validate_dataset``, reaches as far as the part of largest ``cutoff``,
+      and is ``periodic=False`` if any part is built on free space (None
+      otherwise). Calling it raises ``ValueError`` if the parameters are not a
+      dict with an entry for every part, and ``TypeError`` if a part's template
+      does not return a callable; the energy function raises ``ValueError`` if
+      a part returns an energy that is not a scalar (per-particle energies).
+
+    Raises:
+      ValueError: if ``templates`` is not a non-empty mapping, or a name is not
+        a non-empty string.
+      TypeError: (from :func:`~chemtrain.models.as_template`) if a part is not
+        callable or carries attributes.
+    """
     if not isinstance(templates, Mapping) or not templates:
         raise ValueError(f"sum_templates needs a non-empty dict {{name: template}}, got "
                          f"{templates!r}.")
@@ -115,10 +163,29 @@ def sum_templates(templates: Mapping[str, Callable]) -> EnergyTemplate:
 
 def freeze(optimizer: optax.GradientTransformation, params: Mapping,
            frozen: Sequence[str]) -> optax.GradientTransformation:
-    """``optimizer`` for the entries of ``params`` not named in ``frozen``;
-    the named top-level entries get zero updates, so they stay bitwise
-    unchanged (e.g. ``freeze(optax.adam(1e-3), params, ["prior"])``; one
-    name may be given as a string)."""
+    """Wrap an optimizer so that named top-level parameter entries stay fixed.
+
+    The entries of ``params`` not named in ``frozen`` are updated by
+    ``optimizer``; the named ones get zero updates (``optax.multi_transform``
+    with ``optax.set_to_zero``), so they stay bitwise unchanged. Example:
+    ``freeze(optax.adam(1e-3), params, ["prior"])``.
+
+    Args:
+      optimizer: the optax optimizer of the trained entries.
+      params: the parameter dict that will be optimized (only its top-level
+        keys are used).
+      frozen: names of top-level entries of ``params`` to keep fixed; one name
+        may be given as a string.
+
+    Returns:
+      An ``optax.GradientTransformation``. Its ``init`` and ``update`` raise
+      ``ValueError`` if the parameters or updates they receive do not have
+      exactly the top-level entries of ``params``.
+
+    Raises:
+      ValueError: if ``params`` is not a mapping, if an entry of ``frozen`` is
+        not a string, or if a name in ``frozen`` is not an entry of ``params``.
+    """
     if not isinstance(params, Mapping):
         raise ValueError(f"freeze: params must be the dict of the parameters whose top-level "
                          f"entries are frozen or trained, got {type(params).__name__}.")

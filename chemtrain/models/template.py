@@ -15,19 +15,26 @@ from typing import Callable, Mapping
 class EnergyTemplate:
     """An energy template plus what trainers must know about it.
 
+    A frozen dataclass; calling it calls ``fn``. Plain callables become one
+    through :func:`as_template`.
+
     Args:
-      fn: ``params -> energy_fn(positions, neighbor, **kwargs)``.
+      fn: the template proper, ``params -> energy_fn(positions, neighbor,
+        **kwargs)``; ``energy_fn`` maps positions (N, 3) in nm to the total
+        potential energy (a scalar, kJ/mol).
       check_vma: whether shard_map's varying-axis check can stay on under
         ``parallelism='jax'`` (False for models whose primitives lose the
         varying type, such as MACE on cuequivariance-jax 0.13).
       validate_dataset: ``data -> None``, raising on data the model cannot
         use (unknown elements, missing species); trainers call it when a
-        dataset is set.
-      cutoff: the range of the model (nm): pairs farther apart contribute
+        dataset is set. None: no check.
+      cutoff: the range of the model in nm: pairs farther apart contribute
         nothing. Trainers refuse a neighbor list that holds pairs only up to
         a shorter distance (the pairs in between would be lost silently).
+        None: unknown, not checked.
       periodic: False for a model built on free space (``space.free()``),
-        which trainers refuse in a periodic simulation; None: unknown.
+        which trainers refuse in a periodic simulation; True for one known to
+        be built on a periodic displacement function; None: unknown.
     """
     fn: Callable
     check_vma: bool = True
@@ -36,15 +43,38 @@ class EnergyTemplate:
     periodic: bool | None = None
 
     def __call__(self, params):
+        """Build the energy function for ``params``.
+
+        Args:
+          params: the model's parameters (any pytree ``fn`` accepts).
+
+        Returns:
+          ``fn(params)``, the energy function ``energy_fn(positions, neighbor,
+          **kwargs)``.
+        """
         return self.fn(params)
 
 
 def as_template(template) -> EnergyTemplate:
     """Return ``template`` as an :class:`EnergyTemplate`.
 
-    A plain callable becomes one with the defaults. A callable carrying
-    attributes (the old ``template.check_vma = False`` style, or a typo of
-    it) is refused, since nothing would read them.
+    An :class:`EnergyTemplate` is returned unchanged. A plain callable becomes
+    one with the defaults (``check_vma=True``, no dataset check, unknown
+    cutoff and periodicity). A callable carrying attributes (the old
+    ``template.check_vma = False`` style, or a typo of it) is refused, since
+    nothing would read them.
+
+    Args:
+      template: an :class:`EnergyTemplate`, or a callable ``params ->
+        energy_fn(positions, neighbor, **kwargs)`` without attributes of its
+        own.
+
+    Returns:
+      The :class:`EnergyTemplate`.
+
+    Raises:
+      TypeError: if ``template`` is not callable, or if it carries attributes
+        (other than dunder ones) in its ``__dict__``.
     """
     if isinstance(template, EnergyTemplate):
         return template

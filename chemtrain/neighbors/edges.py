@@ -16,24 +16,51 @@ _FORMATS = {"sparse": "Sparse", "dense": "Dense", "ordered_sparse": "OrderedSpar
 
 
 class SmallCellError(ValueError):
-    """A periodic cell narrower than twice the cutoff met a minimum-image
-    neighbor list, which would miss periodic images within the cutoff."""
+    """A cell that a jax-md (minimum-image) neighbor list would get wrong.
+
+    Raised by :func:`check_minimum_image`, and so by :func:`neighbor_list` and
+    the ``allocate`` of its lists, when a periodic cell is narrower than twice
+    the cutoff (the list would miss periodic images within the cutoff) or is
+    periodic along some directions only. A subclass of ValueError.
+    """
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Graph:
-    """The edges of one structure: both directions of every pair, every
-    periodic image within the cutoff (self images of small cells included).
+    """The edges of one structure, found once for structures that do not move.
 
-    ``senders``, ``receivers`` (E,) integers (N marks a padded edge) and
-    ``shifts`` (E, 3) integer cell-shift counts."""
+    A graph holds both directions of every pair and every periodic image within
+    the cutoff (self images of small cells included). The edge vector from
+    sender ``s`` to receiver ``r`` is ``R[r] - R[s] + box @ shift`` (``box`` in
+    jax-md's layout, whose columns are the cell vectors); :func:`edge_vectors`
+    computes it. A frozen dataclass registered as a JAX pytree;
+    :func:`graph_from` builds one from the graph keys of a data set.
+
+    Attributes:
+      senders: (E,) integer index of the atom each edge starts at; the atom
+        count N marks a padded edge.
+      receivers: (E,) integer index of the atom each edge ends at (N for a
+        padded edge).
+      shifts: (E, 3) integer counts of cell vectors added to each edge vector
+        (zero for the padded edges of :func:`pad_edges`).
+    """
     senders: jax.Array
     receivers: jax.Array
     shifts: jax.Array
 
     @property
     def idx(self):
+        """Not available on a graph: reading it always raises.
+
+        Energy functions written for jax-md neighbor lists read ``neighbor.idx``;
+        given a graph they must get their edges from :func:`edge_vectors`, which
+        handles both kinds.
+
+        Raises:
+          TypeError: always; the message points to :func:`edge_vectors`, or to
+            dropping the graph keys from the data and passing a jax-md list.
+        """
         raise TypeError(
             "This energy function reads neighbor.idx (a jax-md neighbor list), but the data carry "
             "precomputed graphs (senders, receivers, shifts). Get edges with "
@@ -43,12 +70,32 @@ class Graph:
 
 
 def graph_from(data) -> Graph:
-    """The :class:`Graph` held by the graph keys of ``data`` (one structure)."""
+    """The :class:`Graph` held by the graph keys of ``data`` (one structure).
+
+    Args:
+      data: mapping with the keys ``senders``, ``receivers`` (E,) and
+        ``shifts`` (E, 3) of one structure (``GRAPH_KEYS``), e.g. one row of
+        what :func:`add_graphs` adds, taken inside a vmap over structures.
+
+    Returns:
+      A :class:`Graph` of those three arrays.
+    """
     return Graph(*(data[k] for k in GRAPH_KEYS))
 
 
 def mask_graph(graph: Graph, mask) -> Graph:
-    """Point every edge that touches an atom with ``mask`` False at N."""
+    """Point every edge that touches an atom with ``mask`` False at N.
+
+    Both the sender and the receiver of such an edge become N, the padding
+    sentinel, so :func:`edge_vectors` marks the edge not real; shifts are kept.
+
+    Args:
+      graph: :class:`Graph` of one structure.
+      mask: (N,) array, True (nonzero) for real atoms; its length gives N.
+
+    Returns:
+      A new :class:`Graph` whose cut edges point at N.
+    """
     n = mask.shape[0]
     real = jnp.concatenate([mask.astype(bool), jnp.zeros((1,), bool)])
     s, r = jnp.clip(graph.senders, 0, n), jnp.clip(graph.receivers, 0, n)
@@ -69,13 +116,38 @@ def edge_vectors(displacement_fn: Callable | None, positions, neighbor, box=None
                  perturbation=None):
     """``(senders, receivers, vectors, real)`` of one structure.
 
-    ``vectors[e]`` points from ``senders[e]`` to ``receivers[e]``; ``real``
-    is False for padded edges (whose indices are clipped into range). With a
-    :class:`Graph`, ``vectors = R[r] - R[s] + box @ shift`` (``box`` None:
-    no shifts, free space); with a jax-md list (Sparse, Dense or
-    OrderedSparse) ``displacement_fn(R[r], R[s], box=..., perturbation=...)``
-    gives them, and self pairs are dropped. ``perturbation`` (scalar or
-    3x3) multiplies every vector, as jax-md's displacement functions do.
+    ``vectors[e]`` points from ``senders[e]`` to ``receivers[e]`` (mace-torch's
+    convention). With a :class:`Graph`, ``vectors = R[r] - R[s] + box @ shift``
+    (``box`` None: no shifts, free space). With a jax-md list (Sparse, Dense or
+    OrderedSparse), ``displacement_fn(R[r], R[s], box=..., perturbation=...)``
+    gives them (each keyword passed only when not None), and self pairs are
+    dropped (marked not real). ``perturbation`` multiplies every vector, as
+    jax-md's displacement functions do: it is the strain whose derivative is
+    the stress.
+
+    Args:
+      displacement_fn: jax-md displacement function, returning ``Ra - Rb``
+        for ``(Ra, Rb, **kwargs)``; required for jax-md lists, unused (may be
+        None) for graphs.
+      positions: (N, 3) positions in nm (jax-md lists also take (N, d)).
+      neighbor: :class:`Graph` or jax-md ``NeighborList`` of this structure.
+      box: jax-md box in nm (a side length, (3,) side lengths or a (3, 3)
+        matrix whose columns are the cell vectors). For graphs None means free
+        space; for jax-md lists it is passed on as ``box=`` when given.
+      perturbation: scalar or (3, 3) matrix ``p``; every vector ``d`` becomes
+        ``p @ d``. None: no strain.
+
+    Returns:
+      A tuple of ``senders`` and ``receivers``, integer (E,) clipped into
+      ``[0, N - 1]``, ``vectors`` (E, 3) in nm, and ``real``, boolean (E,),
+      False for padded edges (and for self pairs of jax-md lists). E is the
+      number of graph edges, the capacity of a Sparse or OrderedSparse list, or
+      N times the capacity of a Dense list.
+
+    Raises:
+      ValueError: ``neighbor`` is a jax-md list and ``displacement_fn`` is
+        None, or ``displacement_fn`` does not return one vector per pair (a
+        metric, which returns distances, was passed instead).
     """
     n = positions.shape[0]
     if isinstance(neighbor, Graph):
@@ -106,9 +178,23 @@ def edge_vectors(displacement_fn: Callable | None, positions, neighbor, box=None
 
 
 def neighbor_pairs(neighbor, n_atoms: int):
-    """Return (i, j, weight) arrays of a Dense, Sparse or OrderedSparse jax-md
-    neighbor list (i: ``idx[0]`` or the row); ``weight`` is 1/2 for lists
-    that store each pair twice (see :func:`pair_weight`)."""
+    """Return (i, j, weight) arrays of a Dense, Sparse or OrderedSparse jax-md list.
+
+    Args:
+      neighbor: jax-md ``NeighborList``.
+      n_atoms: number of atoms N (the rows of a Dense list).
+
+    Returns:
+      A tuple ``(i, j, weight)``. For Sparse and OrderedSparse lists ``i`` is
+      ``idx[0]`` and ``j`` is ``idx[1]``, shape (capacity,); for Dense lists
+      ``i`` is the row and ``j`` the entry, flattened to (N * capacity,).
+      Padded entries keep jax-md's padding index N. ``weight`` is 1/2 for
+      lists that store each pair twice and 1 for OrderedSparse (see
+      :func:`pair_weight`).
+
+    Raises:
+      TypeError: ``neighbor`` is a :class:`Graph`, which has no ``idx``.
+    """
     from jax_md import partition
     idx = neighbor.idx
     if partition.is_sparse(neighbor.format):
@@ -120,9 +206,16 @@ def neighbor_pairs(neighbor, n_atoms: int):
 
 
 def pair_weight(neighbor) -> float:
-    """1/2 for edge sets holding both directions of every pair (graphs,
-    jax-md Sparse and Dense), 1 for jax-md OrderedSparse: the factor of a
-    pair energy summed over edges."""
+    """The factor of a pair energy summed over the edges of ``neighbor``.
+
+    Args:
+      neighbor: :class:`Graph` or jax-md ``NeighborList``.
+
+    Returns:
+      1.0 for a jax-md OrderedSparse list, which holds each pair once, and 0.5
+      for edge sets holding both directions of every pair (graphs, jax-md
+      Sparse and Dense lists).
+    """
     from jax_md import partition
     ordered = getattr(neighbor, "format", None) is partition.NeighborListFormat.OrderedSparse
     return 1.0 if ordered and not isinstance(neighbor, Graph) else 0.5
@@ -157,9 +250,25 @@ def _as_matrices(box) -> tuple[np.ndarray, bool]:
 
 
 def perpendicular_widths(box) -> np.ndarray:
-    """Distances between opposite faces of each cell, shape (n, 3) (or (3,)
-    for one box): ``V / |a_j x a_k|`` for the cell vectors ``a`` (the
-    columns of a jax-md box). A flat cell has width 0."""
+    """Distances between opposite faces of each cell.
+
+    Width k is ``V / |a_i x a_j|``, where ``a_i`` and ``a_j`` are the two cell
+    vectors other than ``a_k`` (the columns of a jax-md box) and ``V`` is the
+    cell volume. A flat cell has width 0.
+
+    Args:
+      box: one box (a side length, (3,) side lengths or a (3, 3) matrix whose
+        columns are the cell vectors) or one per structure ((n,), (n, 3) or
+        (n, 3, 3)), in any length unit (nm in chemtrain). Shapes (3,) and
+        (3, 3) are always read as one box.
+
+    Returns:
+      numpy array of widths, shape (n, 3), or (3,) for one box, in the unit of
+      ``box``.
+
+    Raises:
+      ValueError: ``box`` has none of these shapes.
+    """
     b, single = _as_matrices(box)
     a = np.swapaxes(b, 1, 2)              # rows are cell vectors
     vol = np.abs(np.linalg.det(a))
@@ -172,14 +281,32 @@ def perpendicular_widths(box) -> np.ndarray:
 
 def check_minimum_image(box, cutoff: float, pbc=None, name: str = "the cell",
                         unit: str = "nm", fix: str | None = None) -> None:
-    """Raise :class:`SmallCellError` if a periodic cell is narrower than
-    twice ``cutoff`` along a periodic direction (or periodic only in some
-    directions, which jax-md's periodic spaces cannot do).
+    """Refuse a cell that a jax-md (minimum-image) neighbor list would get wrong.
 
-    ``box``: one box or one per structure (jax-md layout); ``pbc``: None
-    (periodic in all three directions) or (3,) / (n, 3) booleans. ``fix``
-    replaces the advice that ends the message (by default: precompute
-    graphs, or use a supercell)."""
+    Raises :class:`SmallCellError` if a periodic cell is narrower than twice
+    ``cutoff`` along a periodic direction (the list would count one periodic
+    image of each pair where several lie within the cutoff), or is periodic
+    only in some directions, which jax-md's periodic spaces cannot do. Cells
+    periodic in no direction pass.
+
+    Args:
+      box: one box or one per structure, in jax-md's layout (see
+        :func:`perpendicular_widths`), in the unit ``unit``.
+      cutoff: neighbor-list cutoff, in the unit ``unit``.
+      pbc: None (periodic in all three directions), or (3,) or (n, 3)
+        booleans.
+      name: what the error message calls the cell.
+      unit: length unit named in the error message.
+      fix: advice that replaces the end of the message (by default: precompute
+        graphs, or use a supercell).
+
+    Raises:
+      SmallCellError: a cell is periodic along some directions only, or is
+        periodic in all three and narrower than ``2 * cutoff`` in one; the
+        message names the perpendicular widths and the cutoff.
+      ValueError: ``box`` does not have the shape of a box
+        (:func:`perpendicular_widths`).
+    """
     widths = np.atleast_2d(perpendicular_widths(box))
     periodic = np.broadcast_to(np.asarray(True if pbc is None else pbc, bool), widths.shape)
     part = periodic.any(1) & ~periodic.all(1)

@@ -12,11 +12,29 @@ from .edges import _as_matrices
 def host_edges(positions, cell, pbc, cutoff: float, backend: str = "auto"):
     """Every edge of one structure, periodic images included.
 
-    Returns ``(senders, receivers, shifts)``: all ``(i, j, S)`` with
-    ``|R[j] - R[i] + S @ cell| < cutoff`` except ``i == j`` with ``S == 0``
-    (``cell`` rows are the cell vectors, ASE's layout; ``S`` is zero along
-    non-periodic directions). ``backend``: 'matscipy', 'ase' or 'auto'
-    (matscipy when installed). Positions may lie outside the cell.
+    The edges are all ``(i, j, S)`` with ``|R[j] - R[i] + S @ cell| < cutoff``
+    except ``i == j`` with ``S == 0``, so both directions of every pair and the
+    self images of small cells. ``S`` is zero along non-periodic directions.
+    Positions may lie outside the cell.
+
+    Args:
+      positions: (atoms, 3) positions, in the unit of ``cutoff`` (nm in
+        chemtrain).
+      cell: (3, 3) matrix whose rows are the cell vectors (ASE's layout, the
+        transpose of jax-md's), or None for no cell; rows along non-periodic
+        directions are not used.
+      pbc: periodicity, one boolean or (3,) booleans.
+      cutoff: the distance below which two atoms share an edge.
+      backend: 'matscipy', 'ase' or 'auto' (matscipy when installed, else
+        ASE).
+
+    Returns:
+      A tuple ``(senders, receivers, shifts)``, the ``i`` and ``j`` as int32
+      arrays (E,) and the cell-shift counts ``S`` as an int64 array (E, 3).
+
+    Raises:
+      ValueError: the periodic cell vectors are zero or linearly dependent, or
+        ``backend`` is none of the three names.
     """
     pos = np.asarray(positions, np.float64).reshape(-1, 3)
     cell = np.zeros((3, 3)) if cell is None else np.asarray(cell, np.float64).reshape(3, 3)
@@ -63,9 +81,26 @@ def _shift_dtype(max_abs: int):
 
 
 def pad_edges(edges, n_atoms: int, capacity: int | None = None) -> dict:
-    """Stack per-structure ``(senders, receivers, shifts)`` into the graph
-    keys, padded to ``capacity`` edges (default: the most any structure
-    has) with the sentinel ``n_atoms`` and zero shifts."""
+    """Stack per-structure edges into the graph keys, padded to one edge count.
+
+    Padded edges get the sentinel ``n_atoms`` as sender and receiver and zero
+    shifts.
+
+    Args:
+      edges: sequence of ``(senders, receivers, shifts)``, one per structure,
+        as :func:`host_edges` returns them ((E_k,), (E_k,) and (E_k, 3)).
+      n_atoms: atoms per structure, the sentinel index of padded edges.
+      capacity: edges per structure; default the most any structure has.
+
+    Returns:
+      A dict of ``senders`` and ``receivers``, int32 (structures, capacity),
+      and ``shifts`` (structures, capacity, 3) in the smallest of int8, int16
+      and int32 that holds every shift.
+
+    Raises:
+      ValueError: a structure has more edges than ``capacity``, or a shift
+        does not fit in int32 (a cutoff far larger than the cell).
+    """
     need = max((len(e[0]) for e in edges), default=0)
     if capacity is None:
         capacity = need
@@ -88,16 +123,40 @@ def pad_edges(edges, n_atoms: int, capacity: int | None = None) -> dict:
 def precompute_graphs(R, box=None, cutoff: float = None, pbc=None, mask=None,
                       capacity: int | None = None, progress: bool = False,
                       backend: str = "auto") -> dict:
-    """The graph keys (``senders``, ``receivers``, ``shifts``) of every
-    structure, computed once on the host.
+    """The graph keys (``senders``, ``receivers``, ``shifts``) of every structure.
 
-    ``R`` (n, atoms, 3) and ``cutoff`` in one length unit (nm in chemtrain);
-    ``box`` None (free space), one box for all or one per structure in
-    jax-md's layout (columns are the cell vectors; (n,), (n, 3) or
-    (n, 3, 3)); a structure whose box is all zeros is free space. ``pbc``:
-    None (periodic in all three directions where there is a box), (3,) or
-    (n, 3) booleans. ``mask`` (n, atoms) marks real atoms; padded atoms get
-    no edges. ``capacity``: edges per structure (default: the largest need).
+    They are computed once on the host by :func:`host_edges` (matscipy or ASE)
+    for the real atoms of each structure and padded by :func:`pad_edges`.
+    Atom indices count the atoms of the full (padded) structure.
+
+    Args:
+      R: (structures, atoms, 3) positions, in the unit of ``cutoff`` (nm in
+        chemtrain).
+      box: None (free space), one box for all structures (a side length, (3,)
+        side lengths or a (3, 3) matrix) or one per structure ((n,), (n, 3) or
+        (n, 3, 3)), in jax-md's layout (the columns are the cell vectors);
+        shapes (3,) and (3, 3) are read as one box. A structure whose box is
+        all zeros is free space.
+      cutoff: the edge cutoff, a positive length (nm in chemtrain).
+      pbc: None (periodic in all three directions where there is a box), (3,)
+        or (n, 3) booleans.
+      mask: (n, atoms) booleans marking real atoms; padded atoms get no edges.
+        None: every atom is real.
+      capacity: edges per structure; default the largest need.
+      progress: show a progress bar over the structures.
+      backend: 'matscipy', 'ase' or 'auto', as for :func:`host_edges`.
+
+    Returns:
+      A dict of ``senders``, ``receivers`` (structures, edges) and ``shifts``
+      (structures, edges, 3), as :func:`pad_edges` gives them, padded edges
+      pointing at ``atoms``.
+
+    Raises:
+      ValueError: ``cutoff`` is not a positive finite number; ``R`` is not
+        (structures, atoms, 3); ``box`` has the wrong shape or another number
+        of boxes than of structures; a periodic cell is degenerate;
+        ``backend`` is unknown; or a structure has more than ``capacity``
+        edges.
     """
     if cutoff is None or not np.isfinite(cutoff) or cutoff <= 0:
         raise ValueError(f"cutoff must be a positive length (nm in chemtrain), got {cutoff!r}.")
@@ -125,8 +184,27 @@ def precompute_graphs(R, box=None, cutoff: float = None, pbc=None, mask=None,
 
 
 def add_graphs(data, cutoff: float, capacity: int | None = None, progress: bool = False) -> dict:
-    """``data`` with precomputed graphs added (from its ``R`` and, where
-    present, ``box``, ``pbc`` and ``mask``); see :func:`precompute_graphs`."""
+    """``data`` with precomputed graphs added.
+
+    The graphs come from :func:`precompute_graphs` (backend 'auto') applied to
+    the data's ``R`` and, where present, its ``box``, ``pbc`` and ``mask``.
+
+    Args:
+      data: mapping with ``R`` (structures, atoms, 3) in nm and optionally
+        ``box``, ``pbc`` and ``mask``, laid out as :func:`precompute_graphs`
+        takes them.
+      cutoff: edge cutoff in nm.
+      capacity: edges per structure; default the largest need.
+      progress: show a progress bar over the structures.
+
+    Returns:
+      A new dict of the entries of ``data`` and ``senders``, ``receivers``
+      (structures, edges) and ``shifts`` (structures, edges, 3); ``data``
+      itself is not changed.
+
+    Raises:
+      ValueError: for the reasons :func:`precompute_graphs` gives.
+    """
     graphs = precompute_graphs(data["R"], data.get("box"), cutoff, data.get("pbc"),
                                data.get("mask"), capacity, progress)
     return {**data, **graphs}

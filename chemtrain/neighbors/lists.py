@@ -14,8 +14,19 @@ from .edges import _FORMATS, _box_matrix, check_minimum_image, perpendicular_wid
 # ------------------------------------------------------- jax-md neighbor lists
 
 def make_space(box=None, fractional_coordinates: bool = False):
-    """``(displacement, shift)``: ``space.free()`` for ``box`` None, else
-    ``space.periodic_general(box)`` (which also takes ``box=`` per call)."""
+    """A jax-md space ``(displacement, shift)`` for free space or a periodic box.
+
+    Args:
+      box: None for ``space.free()``; else a jax-md box in nm (a side length,
+        (3,) side lengths or a (3, 3) matrix whose columns are the cell
+        vectors) for ``space.periodic_general(box)``, whose functions also take
+        ``box=`` per call.
+      fractional_coordinates: passed to ``space.periodic_general`` (positions
+        as fractions of the box); not used in free space.
+
+    Returns:
+      The tuple ``(displacement_fn, shift_fn)`` of jax-md functions.
+    """
     from jax_md import space
     if box is None:
         return space.free()
@@ -27,22 +38,51 @@ def neighbor_list(displacement_fn: Callable, box, cutoff: float, *, format: str 
                   dr_threshold: float = 0.0, capacity_multiplier: float = 1.25,
                   fractional_coordinates: bool = False, cell_list: bool | None = None,
                   cell_list_min_atoms: int = 2048):
-    """A jax-md neighbor list (``allocate``, ``update``) with the settings
-    chosen here.
+    """A jax-md neighbor list (``allocate``, ``update``) with the settings chosen here.
 
-    ``box`` None means free space (no cell list: a cell list over a large
-    dummy box allocates millions of cells); a periodic ``box`` (jax-md
-    layout) must be at least ``2 * cutoff`` wide in every perpendicular
-    direction (:class:`SmallCellError` otherwise; use :func:`add_graphs`
-    for small cells). ``format``: 'sparse' (both directions of each pair, as
-    MACE needs), 'dense' or 'ordered_sparse'. ``cell_list`` None decides at
-    ``allocate``: on only for periodic boxes holding at least 3 cells per
-    side and at least ``cell_list_min_atoms`` atoms (below that the all-pairs
-    search is as fast). A list with a cell list cannot take a different
-    ``box=`` per call unless ``fractional_coordinates``. ``box=`` given to
-    ``allocate`` is checked too. The lists it allocates (and their
-    updates) carry ``cutoff``: :func:`list_cutoff`, so that trainers and
-    quantities can check what the list reaches.
+    The settings are the list format, its capacity, the cell list on or off,
+    and free space or periodic.
+
+    Args:
+      displacement_fn: jax-md displacement function of the simulation space.
+      box: None for free space, where ``cell_list=None`` never turns the cell
+        list on (a cell list over a large dummy box allocates millions of
+        cells); or a periodic box in jax-md's layout, in nm, at least
+        ``2 * cutoff`` wide in every perpendicular direction (use
+        :func:`add_graphs` for smaller cells).
+      cutoff: pair cutoff in nm.
+      format: 'sparse' (both directions of each pair, as MACE needs), 'dense'
+        or 'ordered_sparse'.
+      dr_threshold: jax-md's skin in nm, added to the cutoff when the list is
+        built.
+      capacity_multiplier: jax-md's headroom factor on the capacity it
+        allocates.
+      fractional_coordinates: positions are fractions of the box (jax-md's
+        ``periodic_general``). Needed for a cell list in a triclinic box, and
+        for a list with a cell list to take a different ``box=`` per call.
+      cell_list: True or False turns the cell list on or off. None decides at
+        ``allocate``: on only for periodic boxes holding at least 3 cells per
+        side (perpendicular widths at least ``3 * (cutoff + dr_threshold)``),
+        orthorhombic unless ``fractional_coordinates``, and at least
+        ``cell_list_min_atoms`` atoms (below that the all-pairs search is as
+        fast).
+      cell_list_min_atoms: the fewest atoms for which ``cell_list=None`` turns
+        the cell list on.
+
+    Returns:
+      jax-md ``NeighborListFns`` of ``allocate(positions, extra_capacity=0,
+      **kwargs)`` and ``update(positions, nbrs, **kwargs)``. A ``box=`` given to
+      ``allocate`` is checked too (unless traced), and ``allocate`` raises
+      :class:`SmallCellError` for one too small and ValueError for
+      ``cell_list=True`` in a triclinic box without
+      ``fractional_coordinates``. The lists it allocates (and their updates)
+      carry ``cutoff``, read by :func:`list_cutoff`, so that trainers and
+      quantities can check what the list reaches.
+
+    Raises:
+      ValueError: ``format`` is none of the three names.
+      SmallCellError: ``box`` is narrower than ``2 * cutoff`` in some
+        perpendicular direction (:func:`check_minimum_image`).
     """
     from jax_md import partition
     if format not in _FORMATS:
@@ -106,12 +146,18 @@ class _UpdateWithCutoff:
 
 
 def list_cutoff(nbrs) -> float | None:
-    """The distance up to which a jax-md neighbor list holds every pair: the
-    cutoff a list from :func:`neighbor_list` carries, else the ``r_cutoff``
-    of jax-md's own ``neighbor_list`` (its reach ``r_cutoff +
-    dr_threshold`` minus the skin, which guards moving particles only),
-    read from the closure of its update function (jax-md stores it nowhere
-    else), else None (unknown)."""
+    """The distance up to which a jax-md neighbor list holds every pair.
+
+    Args:
+      nbrs: jax-md ``NeighborList``.
+
+    Returns:
+      The cutoff (nm) that a list from :func:`neighbor_list` or
+      :func:`fixed_neighbor_list` carries; else the ``r_cutoff`` of jax-md's
+      own ``neighbor_list``, its reach ``r_cutoff + dr_threshold`` minus the
+      skin (which guards moving particles only), read from the closure of its
+      update function (jax-md stores it nowhere else); else None (unknown).
+    """
     update_fn = getattr(nbrs, "update_fn", None)
     if isinstance(update_fn, _UpdateWithCutoff):
         return update_fn.cutoff
@@ -124,9 +170,19 @@ def list_cutoff(nbrs) -> float | None:
 
 
 def list_box(nbrs):
-    """The fixed box a jax-md ``neighbor_list`` was built with (jax-md's
-    layout), or None: lists from :func:`neighbor_list` check theirs when
-    built, and fractional or unknown lists give None."""
+    """The fixed box a jax-md ``neighbor_list`` was built with, or None.
+
+    The box is read from the closure of jax-md's update function.
+
+    Args:
+      nbrs: jax-md ``NeighborList``.
+
+    Returns:
+      The box as a float64 numpy array in jax-md's layout (nm), or None for
+      lists from :func:`neighbor_list` (which check theirs when built), for
+      lists in fractional coordinates and for lists whose box is unknown or
+      traced.
+    """
     closed = _jax_md_closure(getattr(nbrs, "update_fn", None))
     if closed.get("fractional_coordinates") or closed.get("box") is None:
         return None
@@ -137,10 +193,20 @@ def list_box(nbrs):
 
 
 def list_is_periodic(nbrs) -> bool | None:
-    """Whether a jax-md neighbor list measures distances periodically (its
-    metric wraps two points 10^6 apart), False for free space, None when
-    unknown. A box given to a free-space list (jax-md asks for one) does
-    not make it periodic."""
+    """Whether a jax-md neighbor list measures distances periodically.
+
+    The list's metric is probed with two points 10^6 apart along each axis: a
+    periodic metric wraps them closer. A box given to a free-space list (jax-md
+    asks for one) does not make it periodic.
+
+    Args:
+      nbrs: jax-md ``NeighborList``, from jax-md or :func:`neighbor_list`.
+
+    Returns:
+      True for a periodic metric, False for free space, None when unknown (no
+      metric in the update function's closure, or one that needs more
+      arguments).
+    """
     update_fn = getattr(nbrs, "update_fn", None)
     if isinstance(update_fn, _UpdateWithCutoff):
         update_fn = update_fn.fn
@@ -166,12 +232,23 @@ def _jax_md_closure(update_fn) -> dict:
 
 
 def fixed_neighbor_list(idx, positions, format: str, cutoff: float):
-    """A jax-md neighbor list holding edges found elsewhere (on the host):
-    ``idx`` in jax-md's layout for ``format`` (``'sparse'`` and
-    ``'ordered_sparse'``: (2, capacity); ``'dense'``: (atoms, capacity)),
-    padded with the atom count. It records ``cutoff``
-    (:func:`list_cutoff`) and refuses to be updated: its edges are only
-    right for ``positions``."""
+    """A jax-md neighbor list holding edges found elsewhere (on the host).
+
+    Args:
+      idx: integer edge indices in jax-md's layout for ``format``, (2, capacity)
+        for 'sparse' and 'ordered_sparse', (atoms, capacity) for 'dense';
+        padded with the atom count.
+      positions: (atoms, 3) positions in nm that the edges were found for (the
+        list's ``reference_position``).
+      format: 'sparse', 'dense' or 'ordered_sparse'.
+      cutoff: the cutoff in nm the edges were found with, recorded for
+        :func:`list_cutoff`.
+
+    Returns:
+      A jax-md ``NeighborList`` with ``max_occupancy = idx.shape[-1]``, no
+      error bits set and no cell list. It refuses to be updated (its update
+      raises NotImplementedError): its edges are only right for ``positions``.
+    """
     from jax_md import partition
     return partition.NeighborList(
         idx=idx, reference_position=positions,

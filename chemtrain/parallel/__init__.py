@@ -49,7 +49,27 @@ def jax_process_count() -> int:
 
 
 def resolve(parallelism: str = "auto") -> str:
-    """Name of the method ``parallelism`` stands for on this machine."""
+    """Name of the parallel method that ``parallelism`` stands for on this machine.
+
+    An explicit method is returned as it is (after the check below);
+    ``'auto'`` picks, in this order, ``'jax'`` when ``jax.distributed`` runs
+    several processes, ``'mpi'`` when an MPI launcher started several ranks,
+    ``'jax'`` when this process sees several JAX devices, else ``'single'``.
+    For ``'auto'`` it may count the JAX devices, which initialises JAX's
+    backend.
+
+    Args:
+      parallelism: one of ``METHODS`` (``'auto'``, ``'single'``, ``'jax'``,
+        ``'mpi'``).
+
+    Returns:
+      ``'single'``, ``'jax'`` or ``'mpi'``.
+
+    Raises:
+      ValueError: if ``parallelism`` is not one of ``METHODS``.
+      RuntimeError: if both ``jax.distributed`` (several processes) and MPI
+        (several ranks) are active, whatever ``parallelism`` asks for.
+    """
     if not isinstance(parallelism, str) or parallelism not in METHODS:
         raise ValueError(
             f"Unknown parallelism {parallelism!r}; expected one of {METHODS}. "
@@ -76,15 +96,41 @@ def resolve(parallelism: str = "auto") -> str:
 
 def make_strategy(parallelism: str = "auto", mesh=None, check_vma: bool = True,
                   allow_jax: bool = True, trainer: str = "this trainer") -> Strategy:
-    """Build the strategy for ``parallelism`` ('auto', 'single', 'jax', 'mpi').
+    """Build the parallel strategy for ``parallelism``.
 
-    ``mesh`` (a 1-D ``jax.sharding.Mesh`` with axis ``'data'``) selects the
-    devices for 'jax' (and makes 'auto' mean 'jax'). ``check_vma=False``
-    turns off shard_map's varying-axis check, for models whose primitives
-    drop that information. ``allow_jax=False`` is for trainers that spread
-    work over MPI ranks only (DiffTRe): 'auto' then means 'mpi' with several
-    ranks and 'single' otherwise, and JAX sharding is an error naming
-    ``trainer``.
+    The method is chosen by :func:`resolve`; mpi4py, mpi4jax and a JAX
+    backend are imported only here and only when the method needs them.
+
+    Args:
+      parallelism: ``'auto'``, ``'single'``, ``'jax'`` or ``'mpi'`` (see
+        :func:`resolve`).
+      mesh: a 1-D ``jax.sharding.Mesh`` with the axis ``'data'`` that selects
+        the devices for ``'jax'`` (and makes ``'auto'`` mean ``'jax'``);
+        None: all devices.
+      check_vma: False turns off shard_map's varying-axis check under
+        ``'jax'``, for models whose primitives drop that information.
+      allow_jax: False for trainers that spread work over MPI ranks only
+        (DiffTRe): ``'auto'`` then means ``'mpi'`` with several ranks and
+        ``'single'`` otherwise, and JAX sharding is an error naming
+        ``trainer``.
+      trainer: the trainer's name in that error message.
+
+    Returns:
+      The :class:`Strategy`, a ``SingleStrategy``, a ``JaxStrategy`` (over
+      ``mesh``, or a mesh of all devices) or an ``MpiStrategy``.
+
+    Raises:
+      ValueError: if ``parallelism`` is unknown; with ``allow_jax=False``,
+        if ``parallelism`` is ``'jax'``, a ``mesh`` is given or
+        ``jax.distributed`` runs several processes; if a ``mesh`` is given
+        with ``'single'`` or ``'mpi'``, or is not 1-D with the axis
+        ``'data'``; or if the mesh holds none of this process's devices, or
+        they are not contiguous along its axis.
+      TypeError: if ``mesh`` is not a ``jax.sharding.Mesh``.
+      RuntimeError: if ``jax.distributed`` and MPI are both active, or if
+        ``'mpi'`` finds a rank that sees more than one JAX device.
+      ImportError: if ``'mpi'`` needs mpi4py (or, with several ranks,
+        mpi4jax) and it cannot be imported.
     """
     if not allow_jax:
         method = resolve(parallelism) if parallelism != "auto" else None

@@ -31,7 +31,18 @@ _EVERYWHERE = "_chemtrain_raised_everywhere"
 
 
 def raised_everywhere(exc: BaseException) -> BaseException:
-    """Mark ``exc`` as raised on every process at once (no abort needed)."""
+    """Mark ``exc`` as raised on every process at once (no abort needed).
+
+    A failure guard lets such an exception propagate instead of ending every
+    process. Use it as ``raise raised_everywhere(ValueError(...))`` where all
+    processes are known to raise together.
+
+    Args:
+      exc: the exception; it gets a marker attribute (set in place).
+
+    Returns:
+      ``exc`` itself.
+    """
     setattr(exc, _EVERYWHERE, True)
     return exc
 
@@ -71,11 +82,36 @@ def rebuild_exception(data) -> BaseException:
 
 
 def on_root(strategy, fn: Callable, share: bool = False, only_root: bool | None = None):
-    """Run ``fn`` where in-memory data lives: on every process, or only on the
-    root for strategies that scatter from it (``only_root=True``: on the root
-    whatever the strategy, e.g. for files). An exception there is raised on
-    every process, of the same class; ``share`` sends the root's (JSON-like)
-    result to all processes (else the others get None)."""
+    """Run ``fn`` where in-memory data lives: on every process, or only on the root.
+
+    Strategies that scatter data from the root run ``fn`` on the root only;
+    other strategies run it on every process. With a single process ``fn`` simply
+    runs. When only the root runs ``fn``, every process must call
+    :func:`on_root` together (it broadcasts).
+
+    Args:
+      strategy: the run's :class:`~chemtrain.parallel.Strategy`.
+      fn: function of no arguments.
+      share: send the root's result (a JSON-like object) to all processes;
+        else the other processes get None. Only used when the root alone
+        runs ``fn``.
+      only_root: True runs ``fn`` on the root whatever the strategy (e.g.
+        for files); False on every process; None (default): on the root for
+        strategies that scatter from it (``strategy.scatters_from_root``).
+
+    Returns:
+      ``fn``'s result where it ran; on the other processes the root's result
+      with ``share``, else None.
+
+    Raises:
+      Exception: when only the root runs ``fn`` and it raises, the exception
+        is raised on every process, of the same class (the original one on
+        the root, a rebuilt one elsewhere; a ``RuntimeError`` naming the
+        class where it cannot be rebuilt) and marked with
+        :func:`raised_everywhere`. When ``fn`` runs on every process (or
+        there is one), its exceptions propagate unchanged, on the process
+        that raised them only.
+    """
     if only_root is None:
         only_root = strategy.scatters_from_root
     if not only_root or strategy.process_count == 1:
@@ -93,8 +129,30 @@ def on_root(strategy, fn: Callable, share: bool = False, only_root: bool | None 
 
 
 def agree(strategy, fn: Callable, what: str):
-    """Run ``fn`` on every process; if it raises on any, raise on all (the
-    lowest failing process's exception, naming it), so none is left waiting."""
+    """Run ``fn`` on every process; if it raises on any, raise on all.
+
+    No process is left waiting in a later collective for one that failed.
+    Every process must call :func:`agree` together (it gathers from all).
+    With a single process ``fn`` simply runs.
+
+    Args:
+      strategy: the run's :class:`~chemtrain.parallel.Strategy`.
+      fn: function of no arguments.
+      what: what ``fn`` does, in words, for the message on the other
+        processes (``"... (raised by process 2 while <what>)"``).
+
+    Returns:
+      ``fn``'s result on this process.
+
+    Raises:
+      Exception: if ``fn`` raises an ``Exception`` on any process, every
+        process raises the exception of the lowest-numbered failing process,
+        marked with :func:`raised_everywhere`: that process its original
+        exception, the others one of the same class (a ``RuntimeError``
+        naming it where it cannot be rebuilt) whose message names the
+        process and ``what``. With one process ``fn``'s exception propagates
+        unchanged.
+    """
     if strategy.process_count == 1:
         return fn()
     result, error, original = None, None, None

@@ -27,23 +27,55 @@ _WINDOW = 6.0  # Gaussian kernels are cut at this many standard deviations
 
 
 class RDFParams(NamedTuple):
-    """Bins of an RDF: centers and edges (nm) and the smoothing width."""
+    """Bins of an RDF: centers and edges (nm) and the smoothing width.
+
+    Made by :func:`rdf_discretization`; :func:`rdf` also takes a plain tuple
+    of the three fields.
+
+    Attributes:
+      bin_centers: (nbins,) bin centers in nm.
+      bin_edges: (nbins + 1,) bin edges in nm.
+      sigma: standard deviation of the Gaussian smoothing in nm.
+    """
     bin_centers: jnp.ndarray
     bin_edges: jnp.ndarray
     sigma: float
 
 
 class ADFParams(NamedTuple):
-    """Bins of an ADF: angle centers (rad), smoothing width (rad), and the
-    radius within which both neighbors of a triplet must lie (nm)."""
+    """Bins of an ADF: angle centers, smoothing width and the triplet radius.
+
+    Made by :func:`adf_discretization`; :func:`adf` also takes a plain tuple
+    of the three fields.
+
+    Attributes:
+      bin_centers: (nbins,) angle bin centers in rad, on [0, pi].
+      sigma: standard deviation of the Gaussian smoothing in rad.
+      r_outer: radius in nm within which both neighbors of a triplet must lie.
+    """
     bin_centers: jnp.ndarray
     sigma: float
     r_outer: float
 
 
 def rdf_discretization(rdf_cut: float, nbins: int = 300, rdf_start: float = 0.0) -> RDFParams:
-    """Uniform RDF bins between ``rdf_start`` and ``rdf_cut`` (nm), smoothed
-    with a Gaussian as wide as one bin (upstream chemtrain's choice)."""
+    """Uniform RDF bins between ``rdf_start`` and ``rdf_cut`` (nm).
+
+    Each bin is smoothed with a Gaussian as wide as one bin (upstream
+    chemtrain's choice).
+
+    Args:
+      rdf_cut: upper edge of the last bin in nm.
+      nbins: number of bins, at least 1.
+      rdf_start: lower edge of the first bin in nm, at least 0.
+
+    Returns:
+      :class:`RDFParams` with ``nbins`` bins and ``sigma = (rdf_cut -
+      rdf_start) / nbins``.
+
+    Raises:
+      ValueError: unless ``0 <= rdf_start < rdf_cut`` and ``nbins >= 1``.
+    """
     if not rdf_cut > rdf_start >= 0 or nbins < 1:
         raise ValueError(f"Need 0 <= rdf_start < rdf_cut and nbins >= 1, got rdf_start="
                          f"{rdf_start}, rdf_cut={rdf_cut}, nbins={nbins}.")
@@ -53,8 +85,19 @@ def rdf_discretization(rdf_cut: float, nbins: int = 300, rdf_start: float = 0.0)
 
 
 def adf_discretization(r_outer: float, nbins: int = 150) -> ADFParams:
-    """Uniform angle bins on [0, pi], smoothed with a Gaussian as wide as one
-    bin; triplets whose two neighbors lie within ``r_outer`` (nm) count."""
+    """Uniform angle bins on [0, pi] for the ADF.
+
+    Each bin is smoothed with a Gaussian as wide as one bin; triplets whose two
+    neighbors lie within ``r_outer`` of the central particle count.
+
+    Args:
+      r_outer: triplet radius in nm.
+      nbins: number of angle bins.
+
+    Returns:
+      :class:`ADFParams` with ``nbins`` bins of width ``pi / nbins`` rad and
+      ``sigma`` equal to that width.
+    """
     width = math.pi / nbins
     centers = jnp.asarray(width * (np.arange(nbins) + 0.5))
     return ADFParams(centers, width, float(r_outer))
@@ -182,15 +225,14 @@ def rdf(displacement_fn, rdf_params, box=None, r_cut: float | None = None,
         periodic_images: str | None = None):
     """Radial distribution function g(r) of one snapshot.
 
-    Every ordered pair (i, j), i != j, at distance ``r < r_cut`` (default:
-    the last bin edge) adds a normalised Gaussian of width ``sigma`` centred
-    at ``r``; bin ``k`` (centre c_k, width dr_k, shell volume V_k) gets
+    Every ordered pair (i, j), i != j, at distance ``r < r_cut`` adds a
+    normalised Gaussian of width ``sigma`` centred at ``r``; bin ``k`` (centre
+    ``c_k``, width ``dr_k``, shell volume ``V_k``) gets::
 
-        g_k = V / N^2 * sum_pairs N(c_k; r_ij, sigma) dr_k / V_k,
+        g_k = V / N^2 * sum_pairs N(c_k; r_ij, sigma) dr_k / V_k
 
     i.e. the smoothed pair count relative to an ideal gas of the same density
-    (the normalisation of ASE's ``get_rdf`` and upstream chemtrain). ``box``:
-    the fixed simulation box (NVT); NPT snapshots use their own box.
+    (the normalisation of ASE's ``get_rdf`` and upstream chemtrain).
 
     Pairs come from the neighbor list, whose cutoff must reach ``r_cut`` (or,
     in a fixed orthorhombic box, the largest minimum-image distance, if
@@ -201,12 +243,38 @@ def rdf(displacement_fn, rdf_params, box=None, r_cut: float | None = None,
 
     An RDF range beyond half the (fixed, orthorhombic, periodic) box meets
     pairs that several periodic images bring within ``r_cut``; say which
-    g(r) is meant, or a ValueError says so at the first evaluation:
-    ``periodic_images='all'`` counts every image (the RDF of the infinite
-    periodic system; from all pairs, small systems only),
-    ``periodic_images='nearest'`` counts each pair once at its
-    minimum-image distance (upstream chemtrain's RDF, which misses the other
-    images beyond half the box).
+    g(r) is meant with ``periodic_images``, or a ValueError says so at the
+    first evaluation.
+
+    Args:
+      displacement_fn: jax-md displacement function of the simulation (nm).
+      rdf_params: :class:`RDFParams`, or a tuple ``(bin_centers, bin_edges,
+        sigma)``.
+      box: the fixed simulation box (NVT) in nm, a side length, side lengths
+        or a box matrix; NPT snapshots use their own box. A box given only
+        as ``box=`` in the call's ``state_kwargs`` sets the volume but not the
+        periodic-image checks above.
+      r_cut: the largest pair distance counted, in nm; default the last bin
+        edge.
+      periodic_images: None (refuse a range beyond half the box), ``'all'``
+        (count every image: the RDF of the infinite periodic system; from all
+        pairs, small systems only) or ``'nearest'`` (count each pair once at
+        its minimum-image distance: upstream chemtrain's RDF, which misses the
+        other images beyond half the box).
+
+    Returns:
+      ``fn(state, neighbor=None, energy_fn=None, **state_kwargs)`` giving g(r)
+      of one snapshot, shape (nbins,), dimensionless; ``energy_fn`` is not
+      used. ``fn`` raises ValueError when the range exceeds half the box and
+      ``periodic_images`` is None, when ``periodic_images='all'`` needs more
+      than ``DENSE_PAIR_LIMIT`` distances, when a large system has no neighbor
+      list or one known to be too short, and when no box is known.
+
+    Raises:
+      TypeError: ``rdf_params`` is neither :class:`RDFParams` nor a tuple of
+        three.
+      ValueError: ``rdf_params`` does not have one more bin edge than bin
+        centers, or ``periodic_images`` is not None, 'nearest' or 'all'.
     """
     p = _as_params(rdf_params, RDFParams, 3)
     centers, edges = np.asarray(p.bin_centers), np.asarray(p.bin_edges)
@@ -311,6 +379,30 @@ def adf(displacement_fn, adf_params, box=None, max_neighbors: int | None = None)
     is a probability density over [0, pi] (rad^-1). Dense lists are used as
     they are; Sparse lists need ``max_neighbors`` (the most neighbors within
     ``r_outer`` any particle has). If a particle has more, the result is NaN.
+
+    Args:
+      displacement_fn: jax-md displacement function of the simulation (nm).
+      adf_params: :class:`ADFParams`, or a tuple ``(bin_centers, sigma,
+        r_outer)``.
+      box: the fixed simulation box (NVT) in nm, a side length, side lengths
+        or a box matrix; only used to refuse an ``r_outer`` beyond half a
+        periodic orthorhombic box (NPT snapshots are not checked).
+      max_neighbors: the most neighbors within ``r_outer`` that any particle
+        has; required for Sparse and OrderedSparse lists, and for Dense lists
+        it replaces the list's own width.
+
+    Returns:
+      ``fn(state, neighbor=None, energy_fn=None, **state_kwargs)`` giving the
+      ADF of one snapshot, shape (nbins,), in rad^-1; ``energy_fn`` is not
+      used. ``fn.nan_reason`` is a sentence explaining a NaN result (None
+      without ``max_neighbors``). ``fn`` raises ValueError without a neighbor
+      list, for a list whose cutoff is known to be shorter than ``r_outer``,
+      for an ``r_outer`` beyond half a fixed periodic orthorhombic ``box``, and
+      for a Sparse list without ``max_neighbors``.
+
+    Raises:
+      TypeError: ``adf_params`` is neither :class:`ADFParams` nor a tuple of
+        three.
     """
     p = _as_params(adf_params, ADFParams, 3)
     centers, sigma, r_outer = np.asarray(p.bin_centers), float(p.sigma), float(p.r_outer)

@@ -33,22 +33,44 @@ def _need_energy_fn(energy_fn, name):
 
 
 def kinetic_energy():
-    """Kinetic energy ``sum p^2 / 2m`` (kJ/mol) of a snapshot."""
+    """Kinetic energy ``sum p^2 / 2m`` (kJ/mol) of a snapshot.
+
+    Returns:
+      ``fn(state, neighbor=None, energy_fn=None, **state_kwargs)`` giving the
+      kinetic energy (scalar, kJ/mol) from the state's momenta (amu nm/ps) and
+      masses (amu, one for all or one per particle); ``neighbor`` and
+      ``energy_fn`` are not used.
+    """
     def fn(state, neighbor=None, energy_fn=None, **kwargs):
         return _kinetic(state)
     return fn
 
 
 def temperature():
-    """Instantaneous kinetic temperature as ``kT = 2 KE / (N d)`` in kJ/mol
-    (divide by chemtrain.units.BOLTZMANN_KJ_PER_MOL_K for kelvin)."""
+    """Instantaneous kinetic temperature of a snapshot, as ``kT`` in kJ/mol.
+
+    ``kT = 2 KE / (N d)`` for N particles in d dimensions.
+
+    Returns:
+      ``fn(state, neighbor=None, energy_fn=None, **state_kwargs)`` giving
+      ``kT`` (scalar, kJ/mol); divide by
+      ``chemtrain.units.BOLTZMANN_KJ_PER_MOL_K`` for kelvin.
+    """
     def fn(state, neighbor=None, energy_fn=None, **kwargs):
         return 2.0 * _kinetic(state) / state.position.size
     return fn
 
 
 def potential_energy():
-    """Potential energy ``energy_fn(R, neighbor)`` (kJ/mol) of a snapshot."""
+    """Potential energy ``energy_fn(R, neighbor)`` (kJ/mol) of a snapshot.
+
+    Returns:
+      ``fn(state, neighbor=None, energy_fn=None, **state_kwargs)`` giving the
+      potential energy (scalar, kJ/mol). ``energy_fn`` is given at call time
+      (so DiffTRe can pass the energy function of the current parameters); it
+      receives the non-ensemble ``state_kwargs`` and, for NPT states, the
+      state's box. ``fn`` raises ValueError without ``energy_fn``.
+    """
     def fn(state, neighbor=None, energy_fn=None, **kwargs):
         _need_energy_fn(energy_fn, "potential_energy")
         return energy_fn(state.position, neighbor=neighbor, **energy_kwargs(state, kwargs))
@@ -56,14 +78,29 @@ def potential_energy():
 
 
 def pressure(box=None, include_kinetic: bool = True):
-    """Virial pressure ``(2 KE - dU/d eps) / (d V)`` (kJ/mol/nm^3).
+    """Virial pressure ``(2 KE - dU/d eps) / (d V)`` (kJ/mol/nm^3) of a snapshot.
 
     ``dU/d eps`` is the derivative of the potential energy when every
     displacement is scaled by ``1 + eps``, taken through jax-md's
     ``perturbation`` keyword, which the energy function must forward to its
     displacement function (chemtrain's pair templates and jax-md's ``smap``
-    energies do). ``box``: the fixed box (NVT); NPT snapshots use their own.
-    ``include_kinetic=False`` gives the configurational part only.
+    energies do). Multiply by ``KJ_PER_MOL_NM3_TO_BAR`` for bar.
+
+    Args:
+      box: the fixed box (NVT) in nm, a side length, side lengths or a box
+        matrix; NPT snapshots use their own. None: the ``box=`` of the call's
+        ``state_kwargs``.
+      include_kinetic: include the kinetic term ``2 KE``; False gives the
+        configurational part only.
+
+    Returns:
+      ``fn(state, neighbor=None, energy_fn=None, **state_kwargs)`` giving the
+      pressure (scalar, kJ/mol/nm^3); it raises ValueError without
+      ``energy_fn`` or without a box. ``fn.preflight(state, neighbor=None,
+      energy_fn=None, where='pressure', **state_kwargs)`` raises ValueError
+      (the message starting with ``where``) for an energy function that does
+      not accept ``perturbation=`` or ignores it (a strain derivative of
+      exactly 0 while the forces are not).
     """
     def fn(state, neighbor=None, energy_fn=None, **kwargs):
         _need_energy_fn(energy_fn, "pressure")
@@ -106,8 +143,18 @@ def pressure(box=None, include_kinetic: bool = True):
 
 
 def density(box=None):
-    """Mass density ``sum m / V`` (amu/nm^3) of a snapshot; ``box`` as in
-    :func:`pressure`."""
+    """Mass density ``sum m / V`` (amu/nm^3) of a snapshot.
+
+    Multiply by ``AMU_PER_NM3_TO_KG_PER_M3`` for kg/m^3.
+
+    Args:
+      box: as in :func:`pressure`, the fixed box (NVT) in nm; NPT snapshots use
+        their own; None: the ``box=`` of the call's ``state_kwargs``.
+
+    Returns:
+      ``fn(state, neighbor=None, energy_fn=None, **state_kwargs)`` giving the
+      density (scalar, amu/nm^3); it raises ValueError when no box is known.
+    """
     def fn(state, neighbor=None, energy_fn=None, **kwargs):
         vol = volume(snapshot_box(state, box, kwargs), state.position.shape[-1])
         return jnp.sum(masses(state)) / vol

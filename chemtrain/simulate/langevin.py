@@ -21,8 +21,28 @@ def sample_langevin(energy_fn: Callable, neighbor_fn, shift_fn: Callable, R0, *,
                     gamma: float = 1.0, n_equilibration: int = 0, seed: int = 0) -> np.ndarray:
     """Run NVT Langevin dynamics and return ``n_frames`` positions (frames, N, 3).
 
-    ``energy_fn(R, neighbor)``; the neighbor list is updated every step and
+    jax-md's ``simulate.nvt_langevin`` integrates in chunks of
+    ``steps_per_frame`` steps. The neighbor list is updated every step and
     re-allocated (and the chunk re-run) if it overflows.
+
+    Args:
+      energy_fn: ``energy_fn(R, neighbor)``, the potential energy in kJ/mol.
+      neighbor_fn: jax-md ``NeighborListFns``; first allocated at ``R0``.
+      shift_fn: jax-md shift function of the simulation space.
+      R0: (N, 3) initial positions in nm.
+      kT: thermal energy in kJ/mol.
+      dt: time step in ps.
+      n_frames: number of frames returned.
+      steps_per_frame: steps between two stored frames.
+      mass: particle mass in amu.
+      gamma: friction coefficient of the thermostat in 1/ps.
+      n_equilibration: steps run before the first frame, rounded down to a
+        multiple of ``steps_per_frame``.
+      seed: seed of the JAX random key.
+
+    Returns:
+      numpy array (n_frames, N, 3) of positions in nm, one frame every
+      ``steps_per_frame`` steps after equilibration.
     """
     from jax_md import simulate
     init, apply = simulate.nvt_langevin(energy_fn, shift_fn, dt=dt, kT=kT, gamma=gamma)
@@ -56,7 +76,23 @@ def sample_langevin(energy_fn: Callable, neighbor_fn, shift_fn: Callable, R0, *,
 
 
 def label_frames(energy_fn: Callable, neighbor_fn, frames) -> dict:
-    """Energies ``U`` and forces ``F`` of ``energy_fn(R, neighbor)`` per frame."""
+    """Energies ``U`` and forces ``F`` of ``energy_fn(R, neighbor)`` per frame.
+
+    One neighbor list is allocated at the first frame (with
+    ``extra_capacity=8``) and updated for each frame.
+
+    Args:
+      energy_fn: ``energy_fn(R, neighbor)``, the potential energy in kJ/mol.
+      neighbor_fn: jax-md ``NeighborListFns``.
+      frames: (frames, N, 3) positions in nm.
+
+    Returns:
+      A dict of numpy arrays, ``R`` (frames, N, 3) in nm (the frames), ``U``
+      (frames,) in kJ/mol and ``F = -dU/dR`` (frames, N, 3) in kJ/mol/nm.
+
+    Raises:
+      RuntimeError: the neighbor list overflowed while labelling a frame.
+    """
     nbrs = neighbor_fn.allocate(jnp.asarray(frames[0]), extra_capacity=8)
 
     @jax.jit
@@ -77,8 +113,29 @@ def lj_fluid_dataset(n_particles: int = 64, density: float = 21.0, temperature: 
                      dtype=jnp.float32):
     """A labelled argon-like Lennard-Jones fluid in a cubic periodic box.
 
-    Units nm, kJ/mol, ps, amu. Returns (dataset, box_size, energy template
-    used for labelling, its parameters). ``density`` in particles per nm^3.
+    Units nm, kJ/mol, ps, amu. The particles start on a cubic lattice, are
+    sampled by :func:`sample_langevin` (time step 0.005 ps, mass 39.95 amu,
+    friction 5/ps, 400 equilibration steps) and are labelled by
+    :func:`label_frames` with the Lennard-Jones energy of
+    :func:`chemtrain.models.lennard_jones_template`, cut off at ``r_cutoff``.
+
+    Args:
+      n_particles: number of particles.
+      density: number density in particles per nm^3.
+      temperature: temperature in K.
+      n_frames: number of frames.
+      steps_per_frame: integration steps between two frames.
+      sigma: Lennard-Jones sigma in nm.
+      epsilon: Lennard-Jones epsilon in kJ/mol.
+      r_cutoff: cutoff of the potential and of the neighbor list in nm.
+      seed: seed of the sampling.
+      dtype: dtype of the positions and of the parameters.
+
+    Returns:
+      A tuple ``(dataset, box_size, template, params)``, the dataset (the dict
+      of ``R``, ``U`` and ``F`` of :func:`label_frames`), the box side length
+      in nm (a float), the energy template used for labelling and its
+      parameters ``{'sigma', 'epsilon'}``.
     """
     from jax_md import partition, space
     from ..models.pair import lennard_jones_template

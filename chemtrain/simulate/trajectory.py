@@ -34,11 +34,20 @@ state_box_kwargs = box_kwargs
 
 
 class NeighborListOverflowError(RuntimeError):
-    """The neighbor list kept overflowing after every allowed re-allocation."""
+    """The neighbor list kept overflowing after every allowed re-allocation.
+
+    Raised by :func:`run_with_restart` once its retries are used up, and by the
+    ``init_fn`` of :func:`make_trajectory` when the initial neighbor list has
+    overflowed already. A subclass of RuntimeError.
+    """
 
 
 class SimulationError(RuntimeError):
-    """A trajectory produced non-finite positions."""
+    """A trajectory produced non-finite positions.
+
+    Raised by :func:`run_with_restart` when positions became NaN or infinite.
+    A subclass of RuntimeError.
+    """
 
 
 # -- timings -----------------------------------------------------------------
@@ -49,7 +58,21 @@ class Timings(NamedTuple):
 
     A trajectory runs ``n_equilibration_steps`` steps, then ``n_snapshots``
     printout intervals of ``steps_per_printout`` steps each; the state at
-    the end of each interval is a snapshot, taken at ``t_snapshots``.
+    the end of each interval is a snapshot, taken at ``t_snapshots``. Made by
+    :func:`process_printouts`.
+
+    Attributes:
+      time_step: integration time step in ps.
+      n_equilibration_steps: steps before the first printout interval.
+      n_production_steps: steps after equilibration,
+        ``n_snapshots * steps_per_printout``.
+      steps_per_printout: steps of one printout interval.
+      n_snapshots: snapshots of one trajectory.
+      t_snapshots: (n_snapshots,) times of the snapshots in ps.
+      total_time: length of the trajectory in ps, equilibration included.
+      t_equilib: equilibration time in ps.
+      print_every: time between two snapshots in ps.
+      t_start: time in ps added to ``t_snapshots`` (default 0).
     """
     time_step: float
     n_equilibration_steps: int
@@ -77,13 +100,32 @@ def _whole(ratio: float, what: str, fix: str, rtol: float = 1e-6) -> int:
 
 def process_printouts(time_step: float, total_time: float, t_equilib: float,
                       print_every: float, t_start: float = 0.0) -> Timings:
-    """Step counts for a trajectory of ``total_time`` (ps), the first
-    ``t_equilib`` of which is equilibration, with a snapshot every
-    ``print_every``.
+    """Step counts of a trajectory, from its times in ps.
 
-    Counts are rounded to the nearest integer (0.3 / 0.1 gives 3 steps, not
-    2); the time ratios must be whole numbers up to round-off. Zero
-    equilibration is allowed. ``t_start`` only offsets ``t_snapshots``.
+    The trajectory lasts ``total_time``, the first ``t_equilib`` of which is
+    equilibration, with a snapshot every ``print_every``. Counts are rounded to
+    the nearest integer (0.3 / 0.1 gives 3 steps, not 2); the time ratios must
+    be whole numbers up to round-off. Zero equilibration is allowed.
+
+    Args:
+      time_step: integration time step in ps, positive.
+      total_time: length of the trajectory in ps, equilibration included;
+        longer than ``t_equilib``.
+      t_equilib: equilibration time in ps, zero or positive, a multiple of
+        ``time_step``.
+      print_every: time between snapshots in ps, a multiple of ``time_step``;
+        ``total_time - t_equilib`` must be a multiple of it.
+      t_start: start time in ps; it only offsets ``t_snapshots``.
+
+    Returns:
+      :class:`Timings` with snapshots at ``t_start + t_equilib + k *
+      print_every`` for k = 1 to ``n_snapshots``.
+
+    Raises:
+      ValueError: a time is not a number; ``time_step``, ``total_time`` or
+        ``print_every`` is not positive and finite; ``t_equilib`` is negative,
+        not finite or not shorter than ``total_time``; a time ratio is not a
+        whole number; or there would be no snapshot or no step per printout.
     """
     def number(name, value):
         try:
@@ -134,16 +176,24 @@ def process_printouts(time_step: float, total_time: float, t_equilib: float,
 class TrajState(NamedTuple):
     """One trajectory: where it ended and what it sampled.
 
+    Made by the ``init_fn`` and ``run_fn`` of :func:`make_trajectory` and by
+    :func:`restart_state`.
+
     Attributes:
       sim_state: jax-md simulator state at the end (continue from here).
-      nbrs: jax-md neighbor list at the end (capacity: ``nbrs.max_occupancy``).
-      last_valid_position: positions of the last step whose neighbor-list
-        update was valid (equal to the final positions when nothing failed).
+      nbrs: jax-md neighbor list at the end (capacity: ``nbrs.max_occupancy``,
+        also :attr:`capacity`).
+      last_valid_position: (N, 3) positions in nm of the last step whose
+        neighbor-list update was valid (equal to the final positions when
+        nothing failed).
       snapshots: simulator states at the printouts, stacked along axis 0
-        (None before the first run).
-      U_ref: potential energy of each snapshot under ``energy_params``.
-      overflow: True if the neighbor list overflowed during the run.
-      nonfinite: True if positions became NaN or infinite during the run.
+        (n_snapshots of them; None before the first run).
+      U_ref: (n_snapshots,) potential energy in kJ/mol of each snapshot under
+        ``energy_params`` (None before the first run).
+      overflow: scalar boolean, True if the neighbor list overflowed during the
+        run.
+      nonfinite: scalar boolean, True if positions became NaN or infinite
+        during the run.
       last_valid_state: full simulator state at ``last_valid_position``.
       last_valid_step: number of steps of the run completed before the
         first failure (all steps when nothing failed).
@@ -190,25 +240,41 @@ def make_trajectory(simulator_template: Callable, energy_fn_template: Callable, 
         simulator, e.g. ``partial(simulate.nvt_langevin, shift_fn=shift,
         dt=0.01, kT=kT, gamma=4.0)`` (``nvt_nose_hoover`` and
         ``npt_nose_hoover`` work too; NPT needs ``periodic_general`` with
-        fractional coordinates and a neighbor list built for them).
-      energy_fn_template: ``params -> energy_fn(R, neighbor, **kwargs)``.
+        fractional coordinates and a neighbor list built for them). A ``dt``
+        (ps) it binds must equal ``timings.time_step``.
+      energy_fn_template: ``params -> energy_fn(R, neighbor, **kwargs)``, the
+        potential energy in kJ/mol of one configuration.
       neighbor_fn: jax-md ``NeighborListFns`` (``partition.neighbor_list``).
       timings: from :func:`process_printouts`.
 
-    ``init_fn(params, key, R0, nbrs=None, **state_kwargs) -> TrajState``
-    builds the initial state (no MD yet): ``kT`` is required, ``mass``
-    (default: a ``mass`` bound in the simulator partial, else 1) and, for
-    NPT, the initial ``box`` go to the simulator's init, a neighbor list is
-    allocated at ``R0`` unless given. A simulator partial whose ``dt``
-    differs from ``timings.time_step``, or that binds keywords its
-    simulator ignores, is refused (:mod:`chemtrain.simulate.inputs`).
+    Returns:
+      The tuple ``(init_fn, run_fn)``.
 
-    ``run_fn(params, traj_state, key, **state_kwargs) -> TrajState`` runs one
-    trajectory (jitted; recompiles only when the neighbor capacity
-    changes). ``kT`` (and ``pressure`` for NPT) go to every step; other
-    keys, except ``mass`` and ``box``, go to the energy function. ``key``
-    replaces the random state of stochastic simulators. The result may have
-    ``overflow`` or ``nonfinite`` set: use :func:`run_with_restart`.
+      ``init_fn(params, key, R0, nbrs=None, **state_kwargs) -> TrajState``
+      builds the initial state at ``R0`` ((N, 3), nm) without running MD:
+      ``kT`` (kJ/mol) is required; ``mass`` (amu; default: a ``mass`` bound in
+      the simulator partial, else 1) and, for NPT, the initial ``box`` go to
+      the simulator's init; a neighbor list is allocated at ``R0`` unless
+      given. It raises ValueError without ``kT``, for an ``R0`` that is not
+      2-D or not finite, for NPT without ``box`` and for a mass given
+      differently in both places; NeighborListOverflowError when the given or
+      allocated list has overflowed; and TypeError or ValueError for an energy
+      template that does not give one number per configuration.
+
+      ``run_fn(params, traj_state, key, **state_kwargs) -> TrajState`` runs one
+      trajectory from the end of ``traj_state`` (jitted; recompiles only when
+      the neighbor capacity changes), with the forces recomputed for
+      ``params``. ``kT`` (and ``pressure`` for NPT) go to every step; other
+      keys, except ``mass`` and ``box``, go to the energy function. ``key``
+      replaces the random state of stochastic simulators. The result may have
+      ``overflow`` or ``nonfinite`` set: use :func:`run_with_restart`. It
+      raises ValueError without ``kT``.
+
+    Raises:
+      TypeError: ``timings`` does not come from :func:`process_printouts`.
+      ValueError: the simulator partial's ``dt`` differs from
+        ``timings.time_step``, or the partial binds keywords its simulator
+        ignores (see :mod:`chemtrain.simulate.inputs`).
     """
     from jax_md import quantity as jmd_quantity
     if not isinstance(timings, Timings):
@@ -324,9 +390,19 @@ def make_trajectory(simulator_template: Callable, energy_fn_template: Callable, 
 
 
 def allocate_with_capacity(neighbor_fn, position, capacity: int, **kwargs):
-    """Allocate a neighbor list at ``position`` holding at least ``capacity``
-    neighbors (jax-md's ``max_occupancy``: per particle for Dense lists, in
-    total for Sparse ones), or what jax-md's own estimate gives if more."""
+    """Allocate a neighbor list at ``position`` with room for ``capacity``.
+
+    Args:
+      neighbor_fn: jax-md ``NeighborListFns``.
+      position: (N, 3) positions in nm.
+      capacity: the least ``max_occupancy`` wanted (jax-md's meaning:
+        neighbors per particle for Dense lists, in total for Sparse ones).
+      **kwargs: passed to ``neighbor_fn.allocate`` (e.g. ``box``).
+
+    Returns:
+      A jax-md ``NeighborList`` holding at least ``capacity`` neighbors, or
+      what jax-md's own estimate gives if more.
+    """
     from jax_md import partition
     nbrs = neighbor_fn.allocate(position, **kwargs)
     if nbrs.max_occupancy >= capacity:
@@ -339,9 +415,26 @@ def allocate_with_capacity(neighbor_fn, position, capacity: int, **kwargs):
 
 def restart_state(traj_state: TrajState, neighbor_fn, overflow_capacity_multiplier: float = 1.5
                   ) -> TrajState:
-    """The state a failed (overflowed) trajectory restarts from: its last
-    valid simulator state, with a neighbor list allocated at those positions
-    whose capacity is the failed one times ``overflow_capacity_multiplier``."""
+    """The state a failed (overflowed) trajectory restarts from.
+
+    That is its last valid simulator state, with a neighbor list allocated at
+    those positions (and, for NPT, that box) whose capacity is the failed one
+    times ``overflow_capacity_multiplier``, rounded up.
+
+    Args:
+      traj_state: :class:`TrajState` of the failed run.
+      neighbor_fn: jax-md ``NeighborListFns`` that allocates the new list.
+      overflow_capacity_multiplier: growth factor of the capacity, larger
+        than 1.
+
+    Returns:
+      A :class:`TrajState` at the last valid state with the new list, the
+      failure flags cleared, ``last_valid_step`` 0, no snapshots and the same
+      ``energy_params``.
+
+    Raises:
+      ValueError: ``overflow_capacity_multiplier`` is not larger than 1.
+    """
     if not overflow_capacity_multiplier > 1:
         raise ValueError(f"overflow_capacity_multiplier must be larger than 1, got "
                          f"{overflow_capacity_multiplier}.")
@@ -361,11 +454,33 @@ def _name(statepoint) -> str:
 def run_with_restart(run_fn: Callable, neighbor_fn, params, traj_state: TrajState, key, *,
                      overflow_capacity_multiplier: float = 1.5, max_neighbor_retries: int = 3,
                      statepoint=None, **state_kwargs) -> TrajState:
-    """Run one trajectory; on a neighbor-list overflow restart it from the last
-    valid state with a larger neighbor list (see :func:`restart_state`), at
-    most ``max_neighbor_retries`` times.
+    """Run one trajectory, restarting it with a larger neighbor list on overflow.
+
+    On a neighbor-list overflow the trajectory restarts from the last valid
+    state with a larger neighbor list (see :func:`restart_state`), at most
+    ``max_neighbor_retries`` times; every attempt gets the same ``key``.
+
+    Args:
+      run_fn: the ``run_fn`` of :func:`make_trajectory`.
+      neighbor_fn: jax-md ``NeighborListFns`` for the re-allocations.
+      params: energy parameters passed to ``run_fn``.
+      traj_state: :class:`TrajState` to start from.
+      key: JAX random key passed to ``run_fn``.
+      overflow_capacity_multiplier: growth factor of the capacity at each
+        restart, larger than 1.
+      max_neighbor_retries: the most restarts, a non-negative integer.
+      statepoint: label of the state point for log lines and error messages
+        (None: no label).
+      **state_kwargs: passed to ``run_fn`` (``kT`` in kJ/mol is required).
+
+    Returns:
+      The :class:`TrajState` of the first run that neither overflowed nor
+      produced non-finite positions.
 
     Raises:
+      ValueError: ``max_neighbor_retries`` is not a non-negative integer, or
+        a restart is needed and ``overflow_capacity_multiplier`` is not larger
+        than 1.
       NeighborListOverflowError: still overflowing after the retries (names
         ``statepoint`` and the capacities tried).
       SimulationError: positions became NaN or infinite.

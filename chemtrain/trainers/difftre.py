@@ -69,6 +69,11 @@ class DifftreParallel(_DifftreCore):
         weighted sum of per-target losses.
       step_size_search: scale each update down (1, 1/2, 1/4, ...) until
         N_eff keeps ``allowed_reduction`` of its value at every state point.
+      allowed_reduction: fraction of N_eff, in (0, 1], that the step-size
+        search must keep; if even the smallest candidate does not keep it,
+        that smallest step is taken with a warning.
+      n_step_candidates: number of scales the step-size search tries (at
+        least 1).
       overflow_capacity_multiplier, max_neighbor_retries: neighbor-list
         restart policy (:func:`chemtrain.simulate.run_with_restart`).
       checkpoint_path: folder of checkpoints and ``<name>_error_state.npz``.
@@ -77,6 +82,10 @@ class DifftreParallel(_DifftreCore):
         targets at its end; ``plot_x`` gives x values of array observables
         (e.g. ``{'rdf': bin_centers}``).
       vmap_batch: snapshots evaluated at once in the loss.
+      progress: show progress bars (on the root process only).
+      consistency_check_every: every this many updates, check that the
+        parameters and optimizer state agree on all processes; None: never.
+      name: the run's name, used in ``<name>_error_state.npz``.
       on_update: optional ``fn(record)`` called on every process after each
         applied update, with ``record`` a dict: ``update`` (its index),
         ``epoch``, ``batch`` (the state points), ``params_before``,
@@ -171,14 +180,89 @@ def _check_batch_inputs(state_kwargs, targets, reference_states) -> int:
 
 
 class Difftre(_DifftreCore):
-    """DiffTRe with state points added one by one (upstream's style), each
-    with its own potential template, simulator, timings and targets.
+    """DiffTRe with state points added one by one (upstream chemtrain's style).
 
-    ``Difftre(init_params, optimizer, reweight_ratio=0.9, sim_batch_size=1)``
-    then :meth:`add_statepoint` per state point and :meth:`train`. The
-    keyword arguments mean what they mean in :class:`DifftreParallel`;
-    ``energy_fn_template`` and ``loss_fn`` are defaults for state points added
-    without one, and ``key`` defaults to ``PRNGKey(0)``.
+    Each state point has its own potential template, simulator, timings and
+    targets. Build the trainer with ``Difftre(init_params, optimizer,
+    reweight_ratio=0.9, sim_batch_size=1)``, then call :meth:`add_statepoint`
+    once per state point and :meth:`train`. The arguments that
+    :class:`DifftreParallel` shares mean what they mean there; the entries
+    below say so briefly. Units are chemtrain's: nm, kJ/mol, ps, amu.
+
+    Args:
+      init_params: initial parameter pytree (floating-point arrays).
+      optimizer: an ``optax.GradientTransformation``.
+      reweight_ratio: recompute a trajectory when N_eff < ratio x N, a number
+        in [0, 1]; as in :class:`DifftreParallel`.
+      sim_batch_size: state points per update (-1: all); a remainder joins
+        the last batch. It must not exceed the number of state points once
+        training starts, and under MPI it must be at least the number of
+        ranks; as in :class:`DifftreParallel`.
+      energy_fn_template: default ``params -> energy_fn(R, neighbor,
+        **kwargs)`` for state points added without a template of their own
+        (None: every :meth:`add_statepoint` must give one).
+      key: JAX random key, or an integer seed, from which the trajectory keys
+        derive; None means ``PRNGKey(0)``.
+      loss_fn: default ``fn(predictions, targets) -> loss`` for state points
+        added without one (None: the gamma-weighted sum of per-target losses).
+      parallelism: 'auto', 'single' or 'mpi'; as in :class:`DifftreParallel`.
+      max_reuse_se: recompute once the parameters have moved more than this
+        many standard errors of the trajectory's own estimate (a positive
+        number, or None for no such limit); as in :class:`DifftreParallel`.
+      max_reuses: recompute a trajectory that has served this many updates
+        after the one it was sampled for (a whole number >= 0, or None for no
+        limit); as in :class:`DifftreParallel`.
+      step_size_search: scale each update down (1, 1/2, 1/4, ...) until N_eff
+        keeps ``allowed_reduction`` of its value at every state point.
+      allowed_reduction: fraction of N_eff, in (0, 1], that a step found by
+        the step-size search must keep; if even the smallest candidate does
+        not keep it, that smallest step is taken with a warning.
+      n_step_candidates: number of scales the step-size search tries, 1, 1/2,
+        ..., 2**-(n_step_candidates - 1); at least 1.
+      overflow_capacity_multiplier: growth factor of the neighbor-list
+        capacity on an overflow (:func:`chemtrain.simulate.run_with_restart`).
+      max_neighbor_retries: restarts of a trajectory after neighbor-list
+        overflows before giving up (:func:`chemtrain.simulate.run_with_restart`).
+      checkpoint_path: folder of the epoch checkpoints and of
+        ``<name>_error_state.npz``.
+      log_file: JSON-lines metrics file, one line per epoch (None: none).
+      plot_file: where :meth:`train` writes the plot of predictions against
+        targets at its end (None: no plot).
+      plot_x: ``{target name: x values}`` for plots of array observables, one
+        x per target value (e.g. ``{'rdf': bin_centers}``).
+      progress: show progress bars (on the root process only).
+      consistency_check_every: every this many updates, check that the
+        parameters and optimizer state agree on all processes
+        (``check_consistency()``); None: never.
+      name: the run's name, used in the file name ``<name>_error_state.npz``.
+      on_update: optional ``fn(record)`` called on every process after each
+        applied update; the record is described in :class:`DifftreParallel`.
+
+    Attributes:
+      params: the current parameters.
+      opt_state: the optimizer state.
+      trajstates: state point -> list of :class:`chemtrain.simulate.TrajState`,
+        one per chain.
+      predictions: state point -> its latest observables.
+      history: one record per epoch, as written to ``log_file``.
+      epoch_losses: the loss of every epoch.
+      update_losses: the loss of every update.
+      epoch: epochs trained so far.
+      update_count: updates applied so far.
+      statepoints: the :class:`~chemtrain.trainers.StatePoint` objects, in the
+        order they were added.
+
+    Raises:
+      ValueError: if ``reweight_ratio``, ``max_reuse_se``, ``max_reuses``,
+        ``allowed_reduction``, ``n_step_candidates`` or ``sim_batch_size`` is
+        out of range, if ``sim_batch_size`` is smaller than the number of MPI
+        ranks, if ``parallelism`` is unknown or asks for JAX sharding (also
+        when ``jax.distributed`` runs several processes), if ``init_params``
+        holds no arrays, or if ``log_file`` is a folder.
+      TypeError: if ``optimizer`` is not an ``optax.GradientTransformation``,
+        ``on_update`` is not callable, ``key`` is neither a seed nor a JAX
+        key, a leaf of ``init_params`` is not floating point, or ``log_file``
+        is not a path.
     """
 
     trainer_name = "Difftre"

@@ -128,21 +128,21 @@ class ReferenceFrames:
 
 
 class RelativeEntropy(_DifftreCore):
-    """Relative-entropy minimisation (upstream chemtrain's trainer).
+    """Relative-entropy minimisation of a potential (upstream chemtrain's trainer).
 
-    ``RelativeEntropy(init_params, optimizer, reweight_ratio=0.9,
-    sim_batch_size=1)``, then :meth:`add_statepoint` per state point and
-    :meth:`train`. Each update draws a reference batch per state point,
-    takes the gradient ``beta (<dU/dtheta>_ref - <dU/dtheta>_theta)`` with
-    the model average reweighted from the stored trajectory (recomputed when
-    N_eff < reweight_ratio x N, when the parameters have moved more than
-    ``max_reuse_se`` standard errors of that trajectory's own estimate since
-    it was sampled, or after ``max_reuses`` reuses: see
-    :mod:`chemtrain.learn.reuse`) and averages it over the batch's state
-    points. Other options as in :class:`DifftreParallel` (``key``,
-    ``parallelism``, ``step_size_search``, ``checkpoint_path``,
-    ``log_file``, ``plot_file``, ``progress``, ``on_update``, ...); NVT
-    state points only.
+    Build the trainer with ``RelativeEntropy(init_params, optimizer,
+    reweight_ratio=0.9, sim_batch_size=1)``, then call :meth:`add_statepoint`
+    once per state point and :meth:`train`. Each update draws a batch of
+    reference configurations per state point and takes the gradient
+    ``beta (<dU/dtheta>_ref - <dU/dtheta>_theta)``, with the model average
+    reweighted from the stored trajectory, and averages it over the batch's
+    state points. A trajectory is recomputed when N_eff < reweight_ratio x N,
+    when the parameters have moved more than ``max_reuse_se`` standard errors
+    of that trajectory's own estimate since it was sampled, or after
+    ``max_reuses`` reuses (see :mod:`chemtrain.learn.reuse`). NVT state points
+    only. The options shared with DiffTRe mean what they mean in
+    :class:`DifftreParallel`; the entries below say so briefly. Units are
+    chemtrain's: nm, kJ/mol, ps, amu.
 
     The ``history`` records per state point and update: ``loss`` (the
     estimated change of the relative entropy since the initial parameters,
@@ -153,6 +153,82 @@ class RelativeEntropy(_DifftreCore):
     ``reuse_se`` (how far the parameters had moved from it, in its standard
     errors); per epoch the norm of every update's mean gradient
     (``grad_norms``) and its step sizes.
+
+    Args:
+      init_params: initial parameter pytree (floating-point arrays).
+      optimizer: an ``optax.GradientTransformation``.
+      reweight_ratio: recompute a trajectory when N_eff < ratio x N, a number
+        in [0, 1].
+      sim_batch_size: state points per update (-1: all); a remainder joins
+        the last batch. It must not exceed the number of state points once
+        training starts, and under MPI it must be at least the number of
+        ranks; as in :class:`DifftreParallel`.
+      energy_fn_template: default ``params -> energy_fn(R, neighbor,
+        **kwargs)`` for state points added without a template of their own
+        (None: every :meth:`add_statepoint` must give one).
+      key: JAX random key, or an integer seed, from which the trajectory and
+        reference-batch keys derive; None means ``PRNGKey(0)``.
+      parallelism: 'auto', 'single' or 'mpi'; as in :class:`DifftreParallel`.
+      max_reuse_se: recompute once the parameters have moved more than this
+        many standard errors of the trajectory's own estimate (a positive
+        number, or None for no such limit).
+      max_reuses: recompute a trajectory that has served this many updates
+        after the one it was sampled for (a whole number >= 0, or None for no
+        limit).
+      step_size_search: scale each update down (1, 1/2, 1/4, ...) until N_eff
+        keeps ``allowed_reduction`` of its value at every state point.
+      allowed_reduction: fraction of N_eff, in (0, 1], that a step found by
+        the step-size search must keep; if even the smallest candidate does
+        not keep it, that smallest step is taken with a warning.
+      n_step_candidates: number of scales the step-size search tries, 1, 1/2,
+        ..., 2**-(n_step_candidates - 1); at least 1.
+      overflow_capacity_multiplier: growth factor of the neighbor-list
+        capacity on an overflow (:func:`chemtrain.simulate.run_with_restart`).
+      max_neighbor_retries: restarts of a trajectory after neighbor-list
+        overflows before giving up (:func:`chemtrain.simulate.run_with_restart`).
+      checkpoint_path: folder of the epoch checkpoints and of
+        ``<name>_error_state.npz``.
+      log_file: JSON-lines metrics file, one line per epoch (None: none).
+      plot_file: where :meth:`train` writes, at its end, the plot of
+        :meth:`plot` (relative-entropy change, gradient norm and N_eff / N
+        per update); None: no plot.
+      plot_x: accepted for symmetry with DiffTRe; relative-entropy state
+        points have no targets, so a non-empty ``plot_x`` is refused when a
+        state point is added. Leave it None.
+      progress: show progress bars (on the root process only).
+      consistency_check_every: every this many updates, check that the
+        parameters and optimizer state agree on all processes; None: never.
+      name: the run's name, used in the file name ``<name>_error_state.npz``.
+      on_update: optional ``fn(record)`` called on every process after each
+        applied update; the record is as in :class:`DifftreParallel`, with
+        the per-state-point records of the history above.
+
+    Attributes:
+      params: the current parameters.
+      opt_state: the optimizer state.
+      trajstates: state point -> list of :class:`chemtrain.simulate.TrajState`,
+        one per chain.
+      history: one record per epoch, as written to ``log_file``.
+      epoch_losses: the loss of every epoch (the mean over state points of
+        the running relative-entropy change).
+      update_losses: the loss of every update.
+      epoch: epochs trained so far.
+      update_count: updates applied so far.
+      statepoints: the :class:`~chemtrain.trainers.StatePoint` objects, in the
+        order they were added; each one's ``data`` holds its reference
+        configurations.
+
+    Raises:
+      ValueError: if ``reweight_ratio``, ``max_reuse_se``, ``max_reuses``,
+        ``allowed_reduction``, ``n_step_candidates`` or ``sim_batch_size`` is
+        out of range, if ``sim_batch_size`` is smaller than the number of MPI
+        ranks, if ``parallelism`` is unknown or asks for JAX sharding (also
+        when ``jax.distributed`` runs several processes), if ``init_params``
+        holds no arrays, or if ``log_file`` is a folder.
+      TypeError: if ``optimizer`` is not an ``optax.GradientTransformation``,
+        ``on_update`` is not callable, ``key`` is neither a seed nor a JAX
+        key, a leaf of ``init_params`` is not floating point, or ``log_file``
+        is not a path.
     """
 
     trainer_name = "RelativeEntropy"

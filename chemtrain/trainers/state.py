@@ -103,10 +103,32 @@ class TrainerState:
 
 @dataclasses.dataclass(frozen=True)
 class FMState(TrainerState):
-    """What a :class:`~chemtrain.trainers.ForceMatching` run continues from:
-    parameters, optimizer state and the best parameters so far (arrays);
-    epoch and step counts, the batch-order seed, the best monitored loss and
-    the per-epoch histories (plain data)."""
+    """What a :class:`~chemtrain.trainers.ForceMatching` run continues from.
+
+    A frozen dataclass and JAX pytree (see :class:`TrainerState`): the
+    parameters, the optimizer state and the best parameters so far are its
+    arrays; epoch and step counts, the batch-order seed, the best monitored
+    loss and the per-epoch histories are plain data.
+
+    Attributes:
+      params: the current parameters (pytree).
+      opt_state: the optimizer state (pytree).
+      best_params: host (numpy) copy of the parameters with the lowest
+        monitored loss so far (the initial parameters before the first
+        epoch).
+      epoch: epochs trained so far.
+      step: optimizer steps applied so far.
+      seed: the seed of the batch order (a restored trainer reseeds its
+        loaders with it).
+      best_loss: the lowest monitored loss so far (the validation loss when
+        there is a validation set, else the training loss); ``inf`` before
+        the first epoch.
+      train_losses: the mean training loss of every epoch.
+      val_losses: the validation loss of every epoch (empty without a
+        validation set).
+      history: one record per epoch, as written to the trainer's
+        ``log_file``.
+    """
 
     TREES: ClassVar[tuple[str, ...]] = ("params", "opt_state", "best_params")
 
@@ -124,12 +146,29 @@ class FMState(TrainerState):
 
 @dataclasses.dataclass(frozen=True)
 class DifftreState(TrainerState):
-    """What a DiffTRe run continues from: parameters and optimizer state
-    (arrays); epoch and update counts, the number of initial runs and the
-    histories (plain data); ``reuses``, per state point, how many updates
-    have reused its trajectory since it was sampled. The trajectory states,
-    which a checkpoint holds as well, are kept beside it (their plain-data form is
-    :mod:`chemtrain.trainers.difftre_io`'s)."""
+    """What a DiffTRe run continues from.
+
+    A frozen dataclass and JAX pytree (see :class:`TrainerState`): the
+    parameters and the optimizer state are its arrays; the rest is plain
+    data. The trajectory states, which a checkpoint holds as well, are kept
+    beside it (their plain-data form is
+    :mod:`chemtrain.trainers.difftre_io`'s).
+
+    Attributes:
+      params: the current parameters (pytree).
+      opt_state: the optimizer state (pytree).
+      epoch: epochs trained so far.
+      update_count: updates applied so far.
+      init_runs: ``num_runs`` of the last ``initialize_trajstates`` call
+        (trajectories run in a row to start each state point).
+      reuses: per state point, how many updates have reused its trajectory
+        since it was sampled. Checkpoints of older versions lack it; it is
+        then empty.
+      history: one record per epoch, as written to the trainer's
+        ``log_file``.
+      epoch_losses: the loss of every epoch (mean over state points).
+      update_losses: the loss of every update.
+    """
 
     TREES: ClassVar[tuple[str, ...]] = ("params", "opt_state")
     ADDED: ClassVar[dict] = {"reuses": list}   # absent from checkpoints of older versions
@@ -147,9 +186,25 @@ class DifftreState(TrainerState):
 
 @dataclasses.dataclass(frozen=True)
 class RelEntropyState(DifftreState):
-    """A relative-entropy run's state: a DiffTRe state plus ``s_rel``, per
-    state point the estimated change of the relative entropy since the
-    initial parameters (the sum of every update's estimate)."""
+    """A relative-entropy run's state: a :class:`DifftreState` plus ``s_rel``.
+
+    Attributes:
+      params: the current parameters (pytree).
+      opt_state: the optimizer state (pytree).
+      epoch: epochs trained so far.
+      update_count: updates applied so far.
+      init_runs: ``num_runs`` of the last ``initialize_trajstates`` call.
+      reuses: per state point, how many updates have reused its trajectory
+        since it was sampled.
+      history: one record per epoch, as written to the trainer's
+        ``log_file``.
+      epoch_losses: the loss of every epoch (mean of ``s_rel`` over the
+        state points).
+      update_losses: the loss of every update (mean of ``s_rel`` over the
+        update's state points).
+      s_rel: per state point, the estimated change of the relative entropy
+        since the initial parameters (the sum of every update's estimate).
+    """
 
     s_rel: list = dataclasses.field(default_factory=list)
 

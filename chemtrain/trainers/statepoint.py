@@ -80,12 +80,31 @@ class StatePointFunctions(SimulationFunctions):
 
 @dataclasses.dataclass(frozen=True)
 class StatePoint:
-    """Everything fixed about one state point: its index and name, its
-    compiled functions, ``state_kwargs`` (jnp arrays: ``kT``, ``mass``, ...),
-    the reference positions of its chains (chains, N, dim), the target specs
-    (``{name: {'gamma', 'loss_fn'?}}``) and values, the number of snapshots
-    of all its chains together, and the data a trainer learns from besides
-    the targets (relative entropy: its reference configurations)."""
+    """Everything fixed about one state point of a DiffTRe or relative-entropy trainer.
+
+    A frozen dataclass that trainers build when a state point is added
+    (``add_statepoint``, or :class:`DifftreParallel`'s constructor); what
+    changes during training (trajectories, predictions) is kept by the
+    trainer. Units are chemtrain's: nm, kJ/mol, ps, amu.
+
+    Attributes:
+      index: the state point's position in the trainer's ``statepoints``.
+      name: its name in messages (by default ``str(index)``).
+      fns: the compiled functions it shares with state points of the same
+        potential, simulator, quantities and targets (a
+        ``StatePointFunctions``, or a relative-entropy trainer's own set).
+      state_kwargs: keyword arguments of the simulator and energy function,
+        as jnp arrays: ``kT`` (thermal energy, kJ/mol) always; ``mass``
+        (amu), ``box`` (nm), ``pressure`` (kJ/mol/nm^3, NPT) and per-atom
+        inputs such as ``species`` where used.
+      reference: the reference positions of its chains, (chains, N, dim), nm.
+      targets: the target specs, ``{name: {'gamma': weight, 'loss_fn':
+        optional fn(pred, target)}}`` (empty for relative entropy).
+      target_values: ``{name: target array}``, as jnp arrays.
+      n_snapshots: the number of snapshots of all its chains together.
+      data: what a trainer learns from besides the targets (relative
+        entropy: its reference configurations); None for DiffTRe.
+    """
 
     index: int
     name: str

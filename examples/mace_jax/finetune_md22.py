@@ -23,7 +23,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STANDIN = os.path.join(HERE, "nanotube_standin.npz")
-# chosen by measurement (README, "The MD22 example and its stand-in")
+# chosen by measurement (docs/getting_started.md, "The main job and its stand-in for MD22")
 DEFAULTS = ["--train_file", STANDIN, "--n_train", "60", "--n_valid", "10", "--n_test", "50",
             "--num_channels", "8", "--max_L", "0", "--max_ell", "1", "--correlation", "2",
             "--r_max", "4.0", "--batch_size", "2", "--max_num_epochs", "12", "--lr", "0.02",

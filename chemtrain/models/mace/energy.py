@@ -35,11 +35,27 @@ CHECK_VMA = False
 
 
 class UnknownElementError(ValueError):
-    """A structure holds an element that the model was not trained on."""
+    """A structure holds an element that the model was not trained on.
+
+    A ``ValueError``. Raised by :func:`check_species` (also for atomic numbers
+    that are not integers) and so by the dataset check of
+    :func:`energy_fn_template`'s template.
+    """
 
 
 def species_to_elements(cfg: MaceConfig, species):
-    """Atomic numbers -> the model's element indices (-1 where unknown)."""
+    """Map atomic numbers to the model's element indices.
+
+    Args:
+      cfg: the model configuration.
+      species: integer atomic numbers, any shape (e.g. (N,) or
+        (n_structures, N)). Values are clipped to 0..118 before the lookup.
+
+    Returns:
+      An int32 array of the shape of ``species`` holding the index of each
+      atomic number in ``cfg.atomic_numbers``, -1 where the model does not
+      know it.
+    """
     table = jnp.asarray(cfg.element_table())
     return table[jnp.clip(jnp.asarray(species), 0, 118)]
 
@@ -47,9 +63,24 @@ def species_to_elements(cfg: MaceConfig, species):
 def check_species(cfg: MaceConfig, species, mask=None, what: str = "The dataset has",
                   fix: str = "Remove those structures or use a model trained on these "
                              "elements.") -> None:
-    """Raise :class:`UnknownElementError` if a real atom's atomic number
-    (``species``) is not one of the model's elements; the message starts with
-    ``what`` and ends with ``fix``."""
+    """Check that every real atom's element is one the model knows.
+
+    Args:
+      cfg: the model configuration.
+      species: integer atomic numbers, any shape (e.g. (n_structures, N));
+        None is refused.
+      mask: bool array of the shape of ``species``, True for real atoms
+        (padding is False and not checked); None: every atom is real.
+      what: start of the error message, before the unknown atomic numbers.
+      fix: end of the error message (what to do).
+
+    Raises:
+      ValueError: if ``species`` is None (the dataset has no ``'species'``).
+      UnknownElementError: if ``species`` is not of an integer dtype, or a real
+        atom's atomic number is not one of ``cfg.atomic_numbers``; the message
+        starts with ``what``, names the unknown atomic numbers with their
+        chemical symbols, and ends with ``fix``.
+    """
     if species is None:
         raise ValueError("The MACE model needs per-atom atomic numbers: add a 'species' array "
                          "(structures x atoms, integers) to the dataset.")
@@ -83,22 +114,58 @@ def check_cells(cfg: MaceConfig, data) -> None:
 
 def energy_fn_template(cfg: MaceConfig, displacement_fn: Callable | None = None,
                        method: str | None = None) -> Callable:
-    """``params -> energy_fn(positions, neighbor, species=..., mask=..., box=...)``.
+    """The chemtrain energy template of a MACE model (nm and kJ/mol).
 
-    ``species`` are atomic numbers (per atom), ``mask`` marks real atoms
-    (padding is False). ``neighbor`` is either a precomputed
-    :class:`chemtrain.neighbors.Graph` (every periodic image as an edge,
-    exactly as mace-torch counts them; ``box`` gives the cell the shifts
-    refer to, and ``displacement_fn`` may be None) or a jax-md neighbor list
-    holding both directions of every pair (Sparse or Dense) with a cutoff of
-    at least ``cfg.r_max`` Angstrom (``cfg.r_max / 10`` nm), used with
-    ``displacement_fn`` (``space.free``, or ``space.periodic_general`` for
-    cells at least ``2 r_max`` wide; ``box`` is passed on). ``perturbation``
-    (jax-md's strain of every edge vector) is honoured in both cases, so the
-    stress is the derivative with respect to it. Edges longer than ``r_max``,
-    padded edges and edges to masked atoms contribute nothing. The energy is
-    NaN if a real atom's element is unknown to the model, so a trainer stops
-    rather than learn from it.
+    The template maps ``params`` (the pytree of
+    :func:`chemtrain.models.mace.init_params`, :func:`chemtrain.models.mace.load`
+    or :func:`chemtrain.models.mace.load_mace_torch`) to ``energy_fn(positions, neighbor,
+    species=..., mask=..., box=...)``, whose arguments are:
+
+    - ``positions``: (N, 3) in nm (multiplied by :data:`LENGTH_TO_ANGSTROM`
+      for the model).
+    - ``neighbor``: either a precomputed :class:`chemtrain.neighbors.Graph`
+      (every periodic image as an edge, exactly as mace-torch counts them;
+      ``box`` gives the cell the shifts refer to, and ``displacement_fn`` may
+      be None) or a jax-md neighbor list holding both directions of every
+      pair (Sparse or Dense) with a cutoff of at least ``cfg.r_max`` Angstrom
+      (``cfg.r_max / 10`` nm), used with ``displacement_fn`` (``space.free``,
+      or ``space.periodic_general`` for cells at least ``2 r_max`` wide;
+      ``box`` is passed on).
+    - ``species``: atomic numbers per atom, integers (N,); required.
+    - ``mask``: bool (N,), True for real atoms (padding is False); default:
+      all atoms real.
+    - ``box`` and ``perturbation`` (jax-md's strain of every edge vector):
+      ``perturbation`` is honoured in both cases, so the stress is the
+      derivative with respect to it. Other keyword arguments are ignored.
+
+    ``energy_fn`` returns the total potential energy, a scalar in kJ/mol (eV
+    times :data:`ENERGY_TO_KJ_PER_MOL`), so its negative gradient gives forces
+    in kJ/mol/nm. Edges longer than ``r_max``, padded edges and edges to masked
+    atoms contribute nothing, and masked atoms have no energy. The energy is NaN
+    if a real atom's element is unknown to the model, so a trainer stops rather
+    than learn from it. ``energy_fn`` raises ``ValueError`` if ``species`` is
+    None, if ``neighbor`` is a jax-md OrderedSparse list (it holds one
+    direction per pair), or if a jax-md list comes without ``displacement_fn``.
+
+    Args:
+      cfg: the model configuration (Angstrom, eV).
+      displacement_fn: jax-md displacement function for neighbor lists (nm);
+        None for precomputed graphs only.
+      method: cuequivariance-jax execution method (see
+        :func:`chemtrain.models.mace.node_energies`); default: the CUDA kernel
+        on a GPU when available, plain JAX elsewhere.
+
+    Returns:
+      An :class:`~chemtrain.models.EnergyTemplate` with ``check_vma`` set to
+      :data:`CHECK_VMA`, ``cutoff`` ``cfg.r_max / 10`` nm, ``periodic``
+      inferred from ``displacement_fn``, and a ``validate_dataset`` that raises
+      ``ValueError`` for a dataset without ``'species'``,
+      :class:`UnknownElementError` for elements the model does not know (see
+      :func:`check_species`), and
+      :class:`~chemtrain.neighbors.SmallCellError` for periodic cells
+      narrower than ``2 r_max`` unless the data carry precomputed graphs (a
+      jax-md neighbor list counts one periodic image per pair, mace-torch all
+      of them).
     """
 
     def template(params):

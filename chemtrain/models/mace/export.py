@@ -39,18 +39,37 @@ BASIS_TOLERANCE = 1e-8
 
 def export_mace_torch(cfg: M.MaceConfig, params, path: str, dtype=None,
                       overwrite: bool = False) -> str:
-    """Write ``(cfg, params)`` as a mace-torch ``ScaleShiftMACE`` file.
+    """Write ``(cfg, params)`` as a mace-torch ``ScaleShiftMACE`` ``.model`` file.
 
-    The file is what ``torch.save(model, path)`` writes in mace-torch
-    (written atomically), so
+    The file is what ``torch.save(model, path)`` writes in mace-torch (written
+    atomically: a crash leaves no half-written file), so
     ``mace.calculators.MACECalculator(model_paths=path)`` loads it, and
-    mace-torch's ``create_lammps_model`` converts it. ``dtype`` (``"float32"`` or
-    ``"float64"``) defaults to the precision of ``params``. Returns ``path``.
+    mace-torch's ``create_lammps_model`` converts it. The model is built with
+    mace-torch's own constructor, its architecture is compared with ``cfg``
+    field by field, and every trainable tensor is filled. Needs the
+    ``mace-torch`` extra.
 
-    Raises :class:`UnsupportedModelError` if mace-torch's constructor cannot
-    represent the configuration exactly, and ``ImportError`` (with the
-    install command) without torch and mace-torch, and ``FileExistsError``
-    if ``path`` exists, unless ``overwrite``.
+    Args:
+      cfg: the model configuration (Angstrom, eV).
+      params: the parameter pytree of ``cfg``.
+      path: the file to write.
+      dtype: ``"float32"`` or ``"float64"``; default: float32 if every
+        parameter is float32, else float64.
+      overwrite: whether to replace an existing file at ``path``.
+
+    Returns:
+      ``path``.
+
+    Raises:
+      FileExistsError: if ``path`` exists and ``overwrite`` is False.
+      ImportError: if torch or mace-torch is not installed (the message gives
+        the install command).
+      ValueError: if ``dtype`` is not float32 or float64, or ``params`` does not
+        have the structure and shapes of ``cfg``'s parameters.
+      UnsupportedModelError: if mace-torch's constructor cannot represent the
+        configuration exactly (the message names the differing fields), if the
+        built model's parameters do not match chemtrain's, or if the symmetric
+        contractions cannot be mapped exactly onto mace-torch's basis.
     """
     import io
     import os
@@ -68,7 +87,24 @@ def export_mace_torch(cfg: M.MaceConfig, params, path: str, dtype=None,
 
 
 def build_torch_model(cfg: M.MaceConfig, params, dtype=None):
-    """The mace-torch ``ScaleShiftMACE`` module of ``(cfg, params)``."""
+    """Build the mace-torch ``ScaleShiftMACE`` module of ``(cfg, params)``.
+
+    Args:
+      cfg: the model configuration (Angstrom, eV).
+      params: the parameter pytree of ``cfg``.
+      dtype: ``"float32"`` or ``"float64"``; default: float32 if every
+        parameter is float32, else float64.
+
+    Returns:
+      The torch module, in eval mode.
+
+    Raises:
+      ImportError: if torch or mace-torch is not installed.
+      ValueError: if ``dtype`` is not float32 or float64, or ``params`` does not
+        have the structure and shapes of ``cfg``'s parameters.
+      UnsupportedModelError: if mace-torch's constructor cannot represent the
+        configuration exactly, or the weights cannot be mapped exactly.
+    """
     torch = _import_torch()
     leaves = _leaves(params)
     if dtype is None:

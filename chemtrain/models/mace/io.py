@@ -29,16 +29,47 @@ __all__ = ["save", "load", "load_mace_torch", "UnsupportedModelError", "Untruste
 
 
 def save(path: str, cfg: MaceConfig, params) -> None:
-    """Write the configuration (JSON) and parameters (arrays) to one
-    ``.npz`` file (atomic write; read back with :func:`load`)."""
+    """Write a converted MACE model to one ``.npz`` file.
+
+    The configuration is stored as JSON and the parameters as arrays, written
+    atomically with :func:`chemtrain.checkpoint.save`; read it back with
+    :func:`load`, which needs neither torch nor mace-torch and runs no code.
+
+    Args:
+      path: the file to write (replaced if it exists).
+      cfg: the model configuration.
+      params: the parameter pytree of ``cfg`` (numpy or JAX arrays).
+
+    Raises:
+      TypeError: (from :func:`chemtrain.checkpoint.save`) if a parameter leaf
+        is not numeric data.
+    """
     checkpoint.save(path, {"params": params}, {"kind": KIND, "config": cfg.to_json()})
 
 
 def load(path: str):
-    """Read a model written by :func:`save`: ``(config, params)``.
+    """Read a model written by :func:`save`.
 
-    Raises ``CheckpointError`` naming the file for any damage or
-    inconsistency (``FileNotFoundError`` when there is no file)."""
+    Nothing in the file is trusted: the configuration is checked field by field
+    (:func:`config_from_json`) and the parameters against the structure, shapes
+    and dtype it implies.
+
+    Args:
+      path: the ``.npz`` file.
+
+    Returns:
+      The pair ``(config, params)`` of the :class:`MaceConfig` and the
+      parameter pytree (numpy arrays, all float32 or all float64).
+
+    Raises:
+      chemtrain.checkpoint.CheckpointNotFoundError: when there is no file (a
+        ``FileNotFoundError`` and a ``CheckpointError``).
+      chemtrain.checkpoint.CheckpointError: naming the file, for any damage or
+        inconsistency: not a chemtrain checkpoint, not a MACE model, no
+        configuration or parameters, an invalid configuration, parameters of
+        mixed or non-float dtypes, parameters that do not fit the
+        configuration, or parameters holding NaN or inf.
+    """
     meta, leaves = checkpoint.load(path)
     if meta.get("kind") != KIND:
         raise CheckpointError(f"{path!r} is a chemtrain file but not a MACE model "
@@ -190,8 +221,26 @@ def _field(name, check, value):
 
 
 def config_from_json(text) -> MaceConfig:
-    """A :class:`MaceConfig` from the JSON of :meth:`MaceConfig.to_json`,
-    checked; raises ``ValueError`` naming the first problem."""
+    """A :class:`MaceConfig` from the JSON of :meth:`MaceConfig.to_json`, checked.
+
+    Every field is checked for its type and range (e.g. positive ``r_max``,
+    integer widths >= 1, irreps strings e3nn can parse), and the fields
+    against each other: distinct atomic numbers 1..118 in increasing order, one
+    E0 per element, covalent radii up to the largest atomic number when the
+    Agnesi transform or ZBL repulsion is on, scalar node irreps in the first
+    layer, layers that chain, and irreps that can be combined.
+
+    Args:
+      text: the JSON string.
+
+    Returns:
+      The checked :class:`MaceConfig`.
+
+    Raises:
+      ValueError: naming the first problem: ``text`` is not a string, not
+        valid JSON or not a JSON object, a field is missing, unknown or
+        invalid, or the fields are inconsistent.
+    """
     if not isinstance(text, str):
         raise ValueError(f"the configuration must be a JSON string, got {type(text).__name__}")
     try:

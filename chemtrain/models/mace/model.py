@@ -36,7 +36,24 @@ INTERACTIONS = (PLAIN, RESIDUAL)
 
 @dataclasses.dataclass(frozen=True)
 class Layer:
-    """Irreps of one interaction + product layer (e3nn strings)."""
+    """Irreps of one interaction + product layer (e3nn strings).
+
+    A frozen dataclass, plain data (part of :class:`MaceConfig`'s JSON).
+
+    Args:
+      interaction: the mace-torch interaction block,
+        ``"RealAgnosticResidualInteractionBlock"`` (with a skip connection from
+        the input node features) or ``"RealAgnosticInteractionBlock"``.
+      node_irreps: irreps of the input node features, e.g. ``"128x0e"``.
+      edge_irreps: irreps after ``linear_up`` (the tensor product's node input).
+      target_irreps: irreps of the tensor-product filter, the input of the
+        symmetric contraction.
+      hidden_irreps: irreps of the output of the product block (the next
+        layer's ``node_irreps``).
+      correlation: the highest degree (nu) of the symmetric contraction, >= 1.
+      readout: ``"linear"`` or ``"nonlinear"`` (an MLP through
+        :attr:`MaceConfig.mlp_irreps`).
+    """
     interaction: str          # RESIDUAL or PLAIN
     node_irreps: str          # input node features
     edge_irreps: str          # after linear_up (tensor product input)
@@ -48,7 +65,41 @@ class Layer:
 
 @dataclasses.dataclass(frozen=True)
 class MaceConfig:
-    """Everything but the trainable parameters; plain data (JSON)."""
+    """Everything of a MACE model but the trainable parameters; plain data (JSON).
+
+    A frozen dataclass. Lengths are in Angstrom and energies in eV, as in
+    mace-torch. :func:`chemtrain.models.mace.config_from_json` reads and checks
+    the JSON of :meth:`to_json`.
+
+    Args:
+      atomic_numbers: atomic numbers of the elements the model knows, distinct
+        and in increasing order; element index ``i`` of the model is
+        ``atomic_numbers[i]``.
+      r_max: cutoff radius in Angstrom.
+      num_bessel: number of Bessel radial basis functions.
+      num_polynomial_cutoff: exponent p of the polynomial cutoff envelope.
+      max_ell: highest degree l of the spherical harmonics of edge directions.
+      avg_num_neighbors: the messages summed on each atom are divided by this.
+      radial_mlp: hidden widths of the radial MLP that maps the Bessel features
+        to the tensor-product weights.
+      layers: one :class:`Layer` per interaction; each layer's
+        ``node_irreps`` are the previous layer's ``hidden_irreps``.
+      mlp_irreps: irreps of the hidden layer of nonlinear readouts.
+      atomic_energies: E0s, the energy in eV of each element in the order of
+        ``atomic_numbers``, added to each atom's energy.
+      scale: factor applied to each atom's interaction energy (the summed
+        readouts of all layers plus the ZBL term).
+      shift: added, in eV, to each atom's scaled interaction energy.
+      act_constant: e3nn's normalize2mom constant of SiLU (the factor of SiLU in
+        the radial MLP and nonlinear readouts).
+      distance_transform: None or ``"Agnesi"`` (Agnesi transform of the
+        distance before the Bessel basis).
+      agnesi: the Agnesi transform's ``(q, p, a)``.
+      pair_repulsion: whether the ZBL pair repulsion is added.
+      zbl: ZBL parameters ``(c0, c1, c2, c3, a_exp, a_prefactor)``.
+      covalent_radii: covalent radii in Angstrom indexed by atomic number
+        (used by the Agnesi transform and the ZBL repulsion).
+    """
     atomic_numbers: tuple[int, ...]
     r_max: float
     num_bessel: int
@@ -69,12 +120,38 @@ class MaceConfig:
     covalent_radii: tuple[float, ...] = ()  # Angstrom, indexed by atomic number
 
     def to_json(self) -> str:
+        """Serialize the configuration to a JSON string.
+
+        Numpy scalars (e.g. atomic numbers taken from an array) are written as plain
+        numbers, other objects JSON cannot hold as their ``str``.
+
+        Returns:
+          The JSON text of all fields (read back with :meth:`from_json` or, checked,
+          :func:`chemtrain.models.mace.config_from_json`).
+        """
         # numpy scalars (e.g. atomic numbers taken from an array) as plain numbers
         return json.dumps(dataclasses.asdict(self),
                           default=lambda x: x.item() if hasattr(x, "item") else str(x))
 
     @classmethod
     def from_json(cls, text: str) -> "MaceConfig":
+        """Build a configuration from the JSON of :meth:`to_json`, unchecked.
+
+        The values are not validated; for text from a file use
+        :func:`chemtrain.models.mace.config_from_json`, which checks every field.
+
+        Args:
+          text: the JSON string.
+
+        Returns:
+          The :class:`MaceConfig`.
+
+        Raises:
+          json.JSONDecodeError: if ``text`` is not valid JSON.
+          KeyError: if ``layers`` or a tuple-valued field (including ``agnesi``,
+            ``zbl`` and ``covalent_radii``) is missing.
+          TypeError: if a field is unknown or a required one is missing.
+        """
         d = json.loads(text)
         d["layers"] = tuple(Layer(**layer) for layer in d["layers"])
         for key in ("atomic_numbers", "radial_mlp", "atomic_energies", "agnesi", "zbl", "covalent_radii"):
@@ -83,10 +160,16 @@ class MaceConfig:
 
     @property
     def num_elements(self) -> int:
+        """Number of elements the model knows (``len(atomic_numbers)``)."""
         return len(self.atomic_numbers)
 
     def element_table(self) -> np.ndarray:
-        """Atomic number -> element index of the model (-1 if unknown)."""
+        """Lookup table from atomic number to the model's element index.
+
+        Returns:
+          An int32 array of shape (119,) whose entry Z is the index of atomic number
+          Z in ``atomic_numbers``, or -1 if the model does not know Z.
+        """
         table = np.full(119, -1, np.int32)
         table[list(self.atomic_numbers)] = np.arange(self.num_elements)
         return table
@@ -259,11 +342,36 @@ def node_energies(params, cfg: MaceConfig, vectors, senders, receivers, edge_mas
                   element, node_mask, method: str | None = None):
     """Per-atom energies (eV) of one structure.
 
-    ``vectors`` (n_edges, 3) in Angstrom point from sender to receiver
-    (``R[receiver] - R[sender]``), as in mace-torch; ``element`` holds model
-    element indices; edges with ``edge_mask`` False and atoms with
-    ``node_mask`` False contribute nothing (their indices must still be in
-    range).
+    Lengths are in Angstrom and energies in eV, as in mace-torch. An atom's
+    energy is its element's E0 plus ``scale * (sum of the readouts of all
+    layers, plus the ZBL term if enabled) + shift``. Edges with ``edge_mask``
+    False or longer than ``cfg.r_max`` contribute nothing. The ZBL repulsion is
+    added half per directed edge, so the edges must hold both directions of
+    every pair.
+
+    Args:
+      params: the parameter pytree of ``cfg`` (see
+        :func:`chemtrain.models.mace.param_shapes`).
+      cfg: the model configuration.
+      vectors: edge vectors (n_edges, 3) in Angstrom, pointing from sender to
+        receiver (``R[receiver] - R[sender]``), as in mace-torch.
+      senders: sender atom index of each edge, integers (n_edges,).
+      receivers: receiver atom index of each edge, integers (n_edges,).
+      edge_mask: bool (n_edges,); False for edges that contribute nothing
+        (their indices must still be in range).
+      element: model element index of each atom (index into
+        ``cfg.atomic_numbers``), integers (n_atoms,).
+      node_mask: bool (n_atoms,); atoms with False get energy 0 (their element
+        indices must still be in range). Edges to and from such atoms are not removed
+        here: set ``edge_mask`` False for them too, as
+        :func:`chemtrain.models.mace.energy_fn_template` does.
+      method: cuequivariance-jax execution method; default: ``"uniform_1d"``
+        (the CUDA kernel) on a GPU when cuequivariance-ops-jax is installed,
+        ``"naive"`` (plain JAX) elsewhere.
+
+    Returns:
+      The energy of each atom, shape (n_atoms,) in eV (0 where ``node_mask`` is
+      False).
     """
     import cuequivariance_jax as cuex
     import e3nn_jax as e3nn

@@ -21,7 +21,29 @@ def _linear_shapes(irreps_in: str, irreps_out: str, num_elements: int | None = N
 
 
 def param_shapes(cfg: MaceConfig):
-    """The parameter pytree of ``cfg`` with shape tuples as leaves."""
+    """The parameter pytree of ``cfg`` with shape tuples as leaves.
+
+    Loading saved models, converting mace-torch models and exporting them
+    check parameters against it. The parameters themselves (from
+    :func:`init_params`, :func:`chemtrain.models.mace.load` or
+    :func:`chemtrain.models.mace.load_mace_torch`) have the same structure,
+    with arrays of these shapes as leaves.
+
+    Args:
+      cfg: the model configuration.
+
+    Returns:
+      A dict with the keys ``"embedding"``, shape (num_elements, features),
+      and ``"interactions"``, ``"products"`` and ``"readouts"``, lists with
+      one entry per layer. ``interactions[t]`` holds the lists of shapes
+      ``"linear_up"``, ``"radial_mlp"``, ``"linear"`` and ``"skip_tp"`` (the
+      last element-dependent, (mul_in, num_elements, mul_out));
+      ``products[t]`` holds ``"symmetric"``, shape
+      (num_elements, paths * channels), and the list ``"linear"``;
+      ``readouts[t]`` holds the list ``"linear"`` (linear readout) or the lists
+      ``"linear_1"`` and ``"linear_2"`` (nonlinear readout). Linear weights are
+      (mul_in, mul_out) matrices, one per e3nn path.
+    """
     sh = sh_irreps_string(cfg.max_ell)
     n_el = cfg.num_elements
     first = irreps(cfg.layers[0].node_irreps)
@@ -120,19 +142,33 @@ def symmetric_init_map(target_irreps: str, hidden_irreps: str, correlation: int)
 
 
 def init_params(cfg: MaceConfig, key, dtype=jnp.float32):
-    """Random parameters distributed as those of a freshly built mace-torch
-    ``ScaleShiftMACE`` (its default, e3nn, layers) converted with
-    :func:`chemtrain.models.mace.load_mace_torch`.
+    """Random MACE parameters, distributed as those of a fresh mace-torch model.
 
-    e3nn's ``o3.Linear``, ``FullyConnectedTensorProduct`` and
-    ``FullyConnectedNet`` draw unit normal weights and normalise in the
-    forward pass (over sqrt(fan-in), as :func:`linear`, :func:`element_linear`
-    and :func:`mlp` do): the embedding, the linear layers, the skip
-    connections, the radial MLPs and the readouts are unit normal here too.
-    The symmetric contractions follow mace-torch's original basis (see
-    :func:`symmetric_init_map`; not the reduced basis mace-torch uses
-    when cuequivariance-torch is installed): independent across elements
-    and channels, correlated across cuequivariance's paths.
+    The distribution is that of a freshly built mace-torch ``ScaleShiftMACE``
+    (its default, e3nn, layers) converted with
+    :func:`chemtrain.models.mace.load_mace_torch`. e3nn's ``o3.Linear``,
+    ``FullyConnectedTensorProduct`` and ``FullyConnectedNet`` draw unit normal
+    weights and normalise in the forward pass (over sqrt(fan-in), as
+    ``linear``, ``element_linear`` and ``mlp`` of
+    :mod:`chemtrain.models.mace.model` do): the embedding, the linear layers,
+    the skip connections, the radial MLPs and the readouts are unit normal here
+    too. The symmetric contractions follow mace-torch's original basis (see
+    ``symmetric_init_map``; not the reduced basis mace-torch uses when
+    cuequivariance-torch is installed): independent across elements and
+    channels, correlated across cuequivariance's paths.
+
+    Args:
+      cfg: the model configuration.
+      key: a JAX PRNG key.
+      dtype: dtype of the parameters.
+
+    Returns:
+      The parameter pytree of ``cfg`` (structure and shapes of
+      :func:`param_shapes`) with JAX arrays of ``dtype`` as leaves.
+
+    Raises:
+      RuntimeError: if a layer's symmetric-contraction basis cannot be matched
+        to mace-torch's (a residual above 1e-6 in the least-squares fit).
     """
     shapes = param_shapes(cfg)
     leaves, treedef = jax.tree_util.tree_flatten(shapes, is_leaf=_is_shape)

@@ -23,12 +23,24 @@ INSTALL_HINT = ("Loading mace-torch files needs PyTorch and mace-torch: "
 
 
 class UnsupportedModelError(ValueError):
-    """A mace-torch model whose architecture chemtrain does not implement."""
+    """A MACE architecture that chemtrain and mace-torch cannot map onto each other.
+
+    A ``ValueError``. :func:`load_mace_torch` raises it for a mace-torch model
+    whose architecture chemtrain does not implement (chemtrain implements
+    ``ScaleShiftMACE``/``MACE`` with ``RealAgnosticInteractionBlock`` and
+    ``RealAgnosticResidualInteractionBlock``, Bessel radial basis, optional
+    Agnesi transform and ZBL repulsion, one head, e3nn layers);
+    :func:`chemtrain.models.mace.export_mace_torch` raises it for a
+    configuration that mace-torch's constructor cannot reproduce exactly.
+    """
 
 
 class UntrustedFileError(ValueError):
-    """A pickle file that was not read because the caller did not say it
-    trusts it (``trusted=True``)."""
+    """A pickle file that was not read because the caller did not say it trusts it.
+
+    A ``ValueError``, raised by :func:`load_mace_torch` unless it is called
+    with ``trusted=True``.
+    """
 
 
 _NO_WEIGHTS_ONLY = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
@@ -354,17 +366,36 @@ def _symmetric_weights(sc, layer: M.Layer, shape):
 
 
 def load_mace_torch(path: str, *, trusted: bool = False, dtype=None):
-    """Read a mace-torch ``.model`` file: ``(config, params)``.
+    """Read a mace-torch ``.model`` file as ``(config, params)``.
 
-    A ``.model`` file is a pickled Python object, and unpickling runs code
-    from the file: this function refuses (:class:`UntrustedFileError`) unless you
-    pass ``trusted=True`` for a file from a source you trust. torch's
-    ``torch.load`` default (safe, weights only) is left as it was before the
-    call, although importing mace-torch switches it off.
+    A ``.model`` file is a pickled Python object, and unpickling runs code from
+    the file: this function refuses unless you pass ``trusted=True`` for a file
+    from a source you trust. torch's ``torch.load`` default (safe, weights
+    only) is left as it was before the call, although importing mace-torch
+    switches it off. Needs the ``mace-torch`` extra (torch and mace-torch).
+    Save the result with :func:`chemtrain.models.mace.save` so that later runs
+    need neither torch nor mace-torch, nor trust.
 
-    ``params`` is a pytree of numpy arrays in the model file's precision
-    (or ``dtype``). Save the result with :func:`chemtrain.models.mace.save`
-    so that later runs need neither torch nor mace-torch, nor trust.
+    Args:
+      path: the mace-torch model file (what ``torch.save(model, path)``
+        writes, e.g. a MACE-MP ``.model`` file).
+      trusted: must be exactly ``True`` for the file to be read.
+      dtype: dtype of the returned parameters; default: the precision of the
+        model file.
+
+    Returns:
+      The pair ``(config, params)`` of the :class:`MaceConfig` (Angstrom, eV)
+      and the parameter pytree of numpy arrays.
+
+    Raises:
+      UntrustedFileError: unless ``trusted`` is True.
+      ImportError: if torch or mace-torch is not installed (the message gives
+        the install command).
+      FileNotFoundError: if there is no file at ``path``.
+      ValueError: if ``torch.load`` fails, or the file holds a state dict or
+        something other than a mace-torch MACE model.
+      UnsupportedModelError: if the model's architecture is not one chemtrain
+        implements, or its weights cannot be mapped exactly.
     """
     m = read_torch_model(path, trusted=trusted)
     cfg = config_from_torch(m)
