@@ -27,8 +27,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="runs/demo")
     args = p.parse_args(argv)
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    logging.getLogger("jax").setLevel(logging.WARNING)
+    # chemtrain's lines at INFO; other libraries' INFO (jax's, matplotlib's
+    # "generated new fontManager" on a fresh machine) stays out of the log
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stdout)
+    logging.getLogger("chemtrain").setLevel(logging.INFO)
     import jax
     import optax
     from jax_md import partition, space

@@ -436,8 +436,10 @@ def main(argv=None) -> int:
       SystemExit: from the argument parser, for unknown or invalid flags
         (code 2) and for ``--help`` (code 0).
     """
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    logging.getLogger("jax").setLevel(logging.WARNING)
+    # chemtrain's lines at INFO; other libraries' INFO (jax's, matplotlib's
+    # "generated new fontManager" on a fresh machine) stays out of the log
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stdout)
+    logging.getLogger("chemtrain").setLevel(logging.INFO)
     try:
         run(argv)
     except DataError as e:
