@@ -14,8 +14,9 @@ System: the argon-like Lennard-Jones fluid of the tests (21 nm^-3, kT at
    Both are compiled before timing; they are timed alternately
    ``--repeats`` times each and the best of each is kept.
 2. One ``DifftreParallel`` state point learning sigma from an RDF: the wall
-   time of updates that only reweight (reweight_ratio=0) and of updates
-   that recompute the trajectory first (reweight_ratio=1), compile excluded.
+   time of updates that only reweight (reweight_ratio=0, no reuse bounds)
+   and of updates that recompute the trajectory first (reweight_ratio=1),
+   compile excluded.
 """
 import argparse
 import functools
@@ -114,6 +115,9 @@ def update_times(system, timings, updates):
             {"rdf": quantity.rdf(system["displacement"], rdf, box=system["box"])},
             {"rdf": {"target": np.ones((1, 130)), "gamma": 1.0}},
             reference_states=np.asarray(system["R0"])[None], reweight_ratio=ratio,
+            # reweight-only means no recompute at all: the reuse bounds of
+            # issue 31 (max_reuse_se, max_reuses) would recompute here too
+            max_reuse_se=None, max_reuses=None,
             progress=False, checkpoint_path="/tmp/difftre_benchmark")
         trainer.initialize_trajstates()
         trainer.train(1)  # compile

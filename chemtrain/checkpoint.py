@@ -353,3 +353,29 @@ def unflatten_like(template, leaves: list[np.ndarray], paths: list[str], name: s
                                   f"this run expects {ref.dtype}{list(ref.shape)}.")
     treedef = jax.tree_util.tree_structure(template)
     return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+_KINDS = {"error_state": "an error_state written after a failure ({error}); it is for "
+                         "diagnosis, not for resuming",
+          "trajstates": "a trajectory-state file (save_trajstates): load it with "
+                        "trainer.load_trajstates(path), or restore a checkpoint"}
+
+
+def check_kind(path: str, meta: Mapping[str, Any], allowed) -> None:
+    """Refuse a chemtrain file of another kind than ``allowed``, saying what it is.
+
+    Args:
+      path: the file, for the message.
+      meta: its header (:func:`load`'s first part).
+      allowed: the kinds accepted, e.g. ``("checkpoint", "trajstates")``.
+
+    Raises:
+      CheckpointError: the file is of another kind (an error state, a
+        trajectory-state file, ...).
+    """
+    kind = meta.get("kind")
+    if kind in allowed:
+        return
+    what = _KINDS.get(kind, "not a file this trainer reads (kind {kind!r})")
+    raise CheckpointError(f"{path!r} is " + what.format(error=meta.get("error"), kind=kind)
+                               + ".")

@@ -41,6 +41,7 @@ templates_path = ["_templates"]
 #: the public packages and modules of the API reference, with a line on each
 API = {
     "chemtrain.trainers": "Trainers: force matching, DiffTRe, relative entropy, fused training.",
+    "chemtrain.learn": "Pure functions: the reweighting objectives, state points, step sizes.",
     "chemtrain.models": "Energy templates: pair potentials, priors, freezing.",
     "chemtrain.models.mace": "MACE: the model, its parameters, mace-torch files.",
     "chemtrain.data": "Datasets in memory and in HDF5 files.",

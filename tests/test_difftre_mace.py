@@ -14,7 +14,7 @@ import numpy as np
 import optax
 
 import mp
-from chemtrain.learn import difftre_update as du
+from chemtrain.learn.difftre_objective import loss_and_grad
 from mace_difftre import mace_trainer
 
 
@@ -29,12 +29,12 @@ def test_mace_gradient_matches_finite_differences(tmp_path):
                                                                       jnp.shape(x))
                                              for i, x in enumerate(leaves)])
         theta = jax.tree.map(jnp.add, params, noise)
-        (_, aux), grad = du.loss_and_grad(sp, theta, trajs)
+        (_, aux), grad = loss_and_grad(sp, theta, trajs)
         n = sp.n_snapshots
         assert float(aux["n_eff"]) < 0.999 * n
 
         def loss(p):
-            return float(du.loss_and_grad(sp, p, trajs)[0][0])
+            return float(loss_and_grad(sp, p, trajs)[0][0])
         flat, unravel = jax.flatten_util.ravel_pytree(theta)
         g = jax.flatten_util.ravel_pytree(grad)[0]
         mace_part = jax.flatten_util.ravel_pytree(theta["mace"])[0].size
@@ -96,7 +96,7 @@ def test_float32_gradient_equals_float64_on_the_same_snapshots(tmp_path):
         tr32.initialize_trajstates()
         trajs = tr32.trajstates[0]
         theta = jax.tree.map(lambda x: x * 1.02, p32)    # off the trajectory's parameters
-        (_, aux32), g32 = du.loss_and_grad(tr32.statepoints[0], theta, trajs)
+        (_, aux32), g32 = loss_and_grad(tr32.statepoints[0], theta, trajs)
         assert float(aux32["n_eff"]) < 0.999 * tr32.statepoints[0].n_snapshots
         g32 = np.asarray(jax.flatten_util.ravel_pytree(g32)[0])
         tr32.train(1)
@@ -104,7 +104,7 @@ def test_float32_gradient_equals_float64_on_the_same_snapshots(tmp_path):
         assert np.all(np.isfinite(jax.flatten_util.ravel_pytree(tr32.params)[0]))
     with jax.enable_x64(True):
         tr64, _ = mace_trainer(str(tmp_path / "f64"))
-        _, g64 = du.loss_and_grad(tr64.statepoints[0], floats(theta, jnp.float64),
+        _, g64 = loss_and_grad(tr64.statepoints[0], floats(theta, jnp.float64),
                                   floats(trajs, jnp.float64))
         g64 = np.asarray(jax.flatten_util.ravel_pytree(g64)[0])
     assert g32.dtype == np.float32 and g64.dtype == np.float64

@@ -18,7 +18,7 @@ import pytest
 
 import mp
 from chemtrain.checkpoint import CheckpointError
-from chemtrain.learn import difftre_update as du
+from chemtrain.learn.difftre_objective import loss_and_grad
 from difftre_systems import bonded_pair, update_recorder
 
 SCRIPT = os.path.join(mp.HERE, "mp_difftre.py")
@@ -135,7 +135,7 @@ def test_remainder_is_folded_and_gradient_is_the_true_batch_mean(main_run, singl
     assert not np.array(ranks[0]["recomputed"]).any()
     last = ranks[0]["updates"][-1]
     params = {k: jnp.asarray(v) for k, v in last["before"].items()}
-    grads = [du.loss_and_grad(tr.statepoints[i], params, tr.trajstates[i])[1] for i in [2, 3, 4]]
+    grads = [loss_and_grad(tr.statepoints[i], params, tr.trajstates[i])[1] for i in [2, 3, 4]]
     for k in params:
         mean = float(np.mean([float(g[k]) for g in grads]))
         step = (last["after"][k] - last["before"][k]) / -1e-3

@@ -26,10 +26,11 @@ from jax_md import partition, simulate, space
 from chemtrain import quantity
 from chemtrain.checkpoint import CheckpointError
 from chemtrain.models.pair import harmonic_bond_template, lennard_jones_template
-from chemtrain.simulate import (NeighborListOverflowError, make_trajectory, process_printouts,
+from chemtrain.learn import StepSizeSearch
+from chemtrain.simulate import (NeighborListOverflowError, RestartPolicy, make_trajectory, process_printouts,
                                 run_with_restart)
 from chemtrain.trainers.difftre import Difftre, DifftreParallel
-from chemtrain.trainers.services import TrainingError
+from chemtrain.trainers import TrainingError
 from chemtrain.units import kT as thermal_energy
 from difftre_systems import analytic_rdf, bonded_pair, pair_rdf
 
@@ -229,7 +230,7 @@ def test_resume_continues_exactly(tmp_path):
     and the count of each trajectory's reuses carried over (max_reuses 1;
     without the distance rule, under which this fast optimiser recomputes
     every update)."""
-    search = dict(step_size_search=True, allowed_reduction=0.97, optimizer=optax.rmsprop(0.03),
+    search = dict(step_size_search=StepSizeSearch(allowed_reduction=0.97), optimizer=optax.rmsprop(0.03),
                   max_reuse_se=None, max_reuses=1)
     a = bonded_pair(checkpoint_path=str(tmp_path / "a"), **search)
     a.initialize_trajstates(num_runs=2)
@@ -322,7 +323,7 @@ def test_neighbor_overflow_without_retries_names_the_state_point(lj):
         lj_template(lj["displacement"], EPSILON), lj["simulator"], tight,
         process_printouts(DT, 1.0, 0.5, 0.1), {"kT": np.array([KT]), "mass": np.array([MASS])},
         lj["quantities"], {"rdf": {"target": lj["rdf"][None]}},
-        reference_states=lattice()[None], max_neighbor_retries=0, progress=False)
+        reference_states=lattice()[None], restart=RestartPolicy(max_retries=0), progress=False)
     before = np.asarray(trainer.params["log_sigma"])
     with pytest.raises(NeighborListOverflowError, match="state point 0.*max_neighbor_retries=0"):
         trainer.initialize_trajstates()

@@ -81,9 +81,9 @@ def test_site_builds_without_warnings(tmp_path):
 def test_reweighting_trainers_show_every_keyword():
     """help() and the reference show the accepted names: no **options, and the
     defaults are the loop's own."""
-    from chemtrain.trainers import Difftre, DifftreParallel, ForceMatching, RelativeEntropy
-    from chemtrain.trainers.difftre_core import _DifftreCore
-    core = inspect.signature(_DifftreCore.__init__).parameters
+    from chemtrain.trainers import (Difftre, DifftreParallel, ForceMatching, RelativeEntropy,
+                                    Reweighting)
+    core = inspect.signature(Reweighting.__init__).parameters
     for cls in (DifftreParallel, Difftre, RelativeEntropy, ForceMatching):
         params = inspect.signature(cls).parameters
         assert not [p for p in params.values() if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
@@ -92,14 +92,16 @@ def test_reweighting_trainers_show_every_keyword():
             continue
         assert "sim_batch_size" in params
         for name, p in core.items():
-            if name in ("self", "key", "init_params", "optimizer"):
+            if name in ("self", "objective", "key", "init_params", "optimizer", "trainer_name",
+                        "state_class"):   # what the public constructors choose themselves
                 continue
             assert name in params, (cls.__name__, name)
-            expected = "relentropy" if (cls is RelativeEntropy and name == "name") else p.default
+            own_name = "relentropy" if cls is RelativeEntropy else "difftre"
+            expected = own_name if name == "name" else p.default
             assert params[name].default == expected, (cls.__name__, name)
 
 
-PUBLIC = ["chemtrain.trainers", "chemtrain.models", "chemtrain.models.mace", "chemtrain.data",
+PUBLIC = ["chemtrain.trainers", "chemtrain.learn", "chemtrain.models", "chemtrain.models.mace", "chemtrain.data",
           "chemtrain.neighbors", "chemtrain.simulate", "chemtrain.quantity", "chemtrain.parallel",
           "chemtrain.calculator", "chemtrain.checkpoint", "chemtrain.units", "chemtrain.finetune"]
 

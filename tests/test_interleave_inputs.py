@@ -175,7 +175,7 @@ def test_a_failed_turn_names_whose_parameters_it_started_from(tmp_path):
     import numpy as np
     import optax
     from chemtrain.trainers import ForceMatching
-    from chemtrain.trainers.services import TrainingError
+    from chemtrain.trainers import TrainingError
     from fused_systems import ex, labelled_frames
     # FM whose optimizer gives NaN: its step 0 is refused, naming the optimizer
     together, fm, re_trainer = fused(str(tmp_path / "a"))

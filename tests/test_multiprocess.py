@@ -245,7 +245,7 @@ def test_two_single_runs_under_mpirun_do_not_share_a_checkpoint_folder(data_file
     together into one checkpoint folder. The folder is claimed atomically:
     one run trains and checkpoints, the other is refused before writing."""
     import glob
-    from chemtrain.trainers.services import read_run_id
+    from chemtrain.trainers.checkpoints import read_run_id
     rc, out, _ = run_case("single_race", data_file, tmp_path, parallelism="single")
     assert rc == 0, out[-3000:]
     errs = errors(tmp_path)

@@ -104,7 +104,7 @@ def test_an_update_that_overflows_the_optimizer_state_stops_training(tmp_path):
     inf gives updates of 0 from then on: training silently stopped moving.
     Here the gradient is scaled by 1e200 before Adam (float64: its square
     overflows as 1e22 squared does in float32)."""
-    from chemtrain.trainers.services import TrainingError
+    from chemtrain.trainers import TrainingError
     ex = _example()
     optimizer = optax.chain(optax.scale(1e200), optax.adam(1e-3))
     trainer, _ = ex.bond_trainer(0, frames=20, production=0.2, optimizer=optimizer,
@@ -121,7 +121,7 @@ def test_hdf5_reference_frames_are_fingerprinted_by_content(tmp_path):
     compare was the path, the rows and the batch size only."""
     import h5py
     from chemtrain.data import HDF5ParallelDataLoader
-    from chemtrain.trainers.relative_entropy import ReferenceFrames
+    from chemtrain.learn import ReferenceFrames
     ex = _example()
     frames = ex.exact_bond_frames(30, 5)
     path = str(tmp_path / "ref.h5")
@@ -130,7 +130,7 @@ def test_hdf5_reference_frames_are_fingerprinted_by_content(tmp_path):
         with h5py.File(path, "w") as f:
             f["R"] = R
         loader = HDF5ParallelDataLoader(path, keys=["R"])
-        return ReferenceFrames(loader, R.shape[1:], R.dtype, 10, "test").fingerprint()
+        return ReferenceFrames(loader, R[0], 10, "test").fingerprint()
     same = fingerprint(frames)
     assert np.array_equal(fingerprint(frames.copy()), same)
     shifted = frames.copy()

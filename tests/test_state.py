@@ -42,7 +42,7 @@ def _same_run(a, b):
 
 def test_state_is_a_frozen_pytree_of_its_arrays():
     """Only the array fields are leaves; the plain fields survive a tree
-    map; a changed plain field changes the tree structure; no field can be
+    map; a changed counter changes the tree structure; no field can be
     assigned; a field that is not plain data is refused when split."""
     s = FMState({"w": np.ones(2)}, {"m": np.zeros(2)}, {"w": np.ones(2)}, epoch=3,
                 history=[{"loss": 1.5}])
@@ -62,6 +62,24 @@ def test_state_is_a_frozen_pytree_of_its_arrays():
         s.replace(history=[object()]).split()
     assert DifftreState.plain_fields() == ("epoch", "update_count", "init_runs", "reuses",
                                            "history", "epoch_losses", "update_losses")
+
+
+def test_growing_logs_leave_the_tree_structure_alone():
+    """Histories and per-epoch losses grow every epoch; a state's tree
+    structure must not (issue 32), while a tree map still carries them and a
+    changed counter still changes the structure."""
+    s = DifftreState({"w": np.ones(2)}, {"m": np.zeros(2)}, epoch=1, epoch_losses=[0.5],
+                     update_losses=[0.5, 0.4], history=[{"loss": 0.5}])
+    grown = s.replace(epoch_losses=[0.5, 0.3], update_losses=[0.5, 0.4, 0.3, 0.2],
+                      history=[{"loss": 0.5}, {"loss": 0.3}])
+    assert jax.tree.structure(s) == jax.tree.structure(grown)
+    assert jax.tree.structure(s) != jax.tree.structure(s.replace(update_count=2))
+    t = jax.tree.map(lambda x: x * 2, grown)
+    assert t.history == grown.history and t.update_losses == grown.update_losses
+    np.testing.assert_array_equal(t.params["w"], 2.0)
+    fm = FMState({"w": np.ones(1)}, {}, {"w": np.ones(1)}, train_losses=[1.0])
+    assert jax.tree.structure(fm) == jax.tree.structure(fm.replace(
+        train_losses=[1.0, 0.5], val_losses=[0.7], history=[{}]))
 
 
 def _fm(tmp_path, name):

@@ -19,8 +19,9 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from ..layout import GRAPH_KEYS  # precomputed graphs (chemtrain.neighbors)
+
 CHECK_FINITE = ("R", "U", "F", "stress", "box")
-GRAPH_KEYS = ("senders", "receivers", "shifts")   # precomputed graphs (chemtrain.neighbors)
 STRESS_WEIGHT = "stress_weight"
 
 

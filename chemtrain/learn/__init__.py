@@ -1,1 +1,15 @@
-"""Pure functions under the trainers: predictions, losses, metrics, steps."""
+"""Pure functions under the trainers: predictions, losses, metrics, steps;
+the reweighting objectives (DiffTRe, relative entropy) as values, their
+state points and the step-size policy."""
+from .difftre_objective import DifftreFunctions, difftre_functions, difftre_objective
+from .objective import Objective, reuse_record, shared_contributions
+from .reference_frames import ReferenceFrames
+from .relative_entropy import (RelEntropyFunctions, relative_entropy_functions,
+                               relative_entropy_objective)
+from .statepoint import SimulationFunctions, StatePoint, make_statepoint, simulation_functions
+from .update import StepSizeSearch
+
+__all__ = ["Objective", "shared_contributions", "reuse_record", "difftre_objective",
+           "relative_entropy_objective", "difftre_functions", "relative_entropy_functions",
+           "DifftreFunctions", "RelEntropyFunctions", "StatePoint", "SimulationFunctions",
+           "simulation_functions", "make_statepoint", "ReferenceFrames", "StepSizeSearch"]

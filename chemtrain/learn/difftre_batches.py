@@ -60,3 +60,9 @@ def statepoint_key(base_key, statepoint_index: int, update_count: int, chain: in
     key = jax.random.fold_in(base_key, int(statepoint_index))
     key = jax.random.fold_in(key, int(update_count))
     return jax.random.fold_in(key, int(chain))
+
+
+def train_key(key, index: int, update: int, chain: int):
+    """The key of chain ``chain`` of state point ``index`` recomputed in
+    update ``update`` (stream 0 of the run's key)."""
+    return statepoint_key(jax.random.fold_in(key, 0), index, update, chain)

@@ -128,3 +128,24 @@ def check_statepoint(sp, params, traj) -> None:
                       f"quantity {name!r}", **sp.state_kwargs)
     check_geometry(sp.name, energy_fn, state, nbrs, ekw)
     check_state_kwargs(sp.name, sp.state_kwargs, energy_fn, sp.fns.quantities, state, nbrs)
+
+
+def check_reference_span(sp, nbrs) -> None:
+    """Refuse a reference state that spans more than 3 box lengths of the
+    periodic box its neighbor list (or ``state_kwargs['box']``) was built
+    with: positions in Å for a model in nm give 10 (issue 37)."""
+    box = sp.state_kwargs.get("box")
+    box = list_box(nbrs) if box is None else np.asarray(box, np.float64)
+    if box is None:
+        return
+    ref = np.asarray(sp.reference, np.float64).reshape(-1, np.shape(sp.reference)[-1])
+    dim = ref.shape[-1]
+    sides = (np.diag(box) if np.ndim(box) == 2 else np.broadcast_to(box, (dim,)))
+    span = np.ptp(ref, axis=0)
+    if np.any(span > 3.0 * sides):
+        raise ValueError(
+            f"State point {sp.name}: the reference state spans {np.round(span, 4).tolist()} "
+            f"but the periodic box is {np.round(sides, 4).tolist()} wide "
+            f"({float(np.max(span / sides)):.3g} box lengths): positions in other units than "
+            f"the model's (Å for nm: divide by 10)? Give reference states in the units of the "
+            f"box and the model.")

@@ -25,7 +25,7 @@ from typing import Callable, Mapping
 import jax
 import jax.numpy as jnp
 
-from . import difftre as dt
+from . import difftre as reweight
 
 
 def make_value_and_grad(energy_fn_template: Callable, quantities: Mapping, targets: Mapping,
@@ -37,11 +37,12 @@ def make_value_and_grad(energy_fn_template: Callable, quantities: Mapping, targe
     :func:`~chemtrain.learn.difftre.make_statepoint_loss` (same arguments)
     returns, with peak memory set by ``vmap_batch`` snapshots (None: all at
     once)."""
-    observables = dt.resolve_observables(targets, quantities, observables, require_values=False)
-    dependent = dt.unfixed(quantities, fixed)
-    one = dt.snapshot_fn(energy_fn_template, dependent)
-    evaluate = dt.make_snapshot_evaluator(energy_fn_template, dependent, vmap_batch)
-    head = dt.make_statepoint_head(targets, observables, loss_fn, fixed)
+    observables = reweight.resolve_observables(targets, quantities, observables,
+                                               require_values=False)
+    dependent = reweight.unfixed(quantities, fixed)
+    one = reweight.snapshot_fn(energy_fn_template, dependent)
+    evaluate = reweight.make_snapshot_evaluator(energy_fn_template, dependent, vmap_batch)
+    head = reweight.make_statepoint_head(targets, observables, loss_fn, fixed)
 
     def value_and_grad(params, chains, U_ref, target_values, state_kwargs, fixed_values=None):
         U, qs, n_overflow = evaluate(jax.lax.stop_gradient(params), chains, state_kwargs)

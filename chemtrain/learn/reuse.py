@@ -102,3 +102,22 @@ def needs_recompute(n_eff, n_snapshots, reweight_ratio, n_independent=None,
     if max_reuse_se is None or n_independent is None:
         return False
     return reuse_distance(n_eff, n_snapshots, n_independent) > float(max_reuse_se)
+
+
+def check_reuse(reweight_ratio, max_reuse_se, max_reuses) -> None:
+    """Range checks of the trajectory-reuse rule's three numbers."""
+    if not (isinstance(reweight_ratio, (int, float)) and 0.0 <= reweight_ratio <= 1.0):
+        raise ValueError(f"reweight_ratio must be a number in [0, 1] (recompute when "
+                         f"N_eff < reweight_ratio * N), got {reweight_ratio!r}.")
+    if max_reuse_se is not None and not (
+            isinstance(max_reuse_se, (int, float)) and not isinstance(max_reuse_se, bool)
+            and 0.0 < max_reuse_se < math.inf):
+        raise ValueError(f"max_reuse_se must be a positive number (recompute once the "
+                         f"parameters moved that many standard errors of the trajectory's "
+                         f"own estimate) or None (only the reweight_ratio rule), got "
+                         f"{max_reuse_se!r}.")
+    if max_reuses is not None and (isinstance(max_reuses, bool) or not isinstance(
+            max_reuses, (int, np.integer)) or max_reuses < 0):
+        raise ValueError(f"max_reuses must be a whole number >= 0 (updates a trajectory may "
+                         f"serve after the one it was sampled for; 0 recomputes every update) "
+                         f"or None (no limit), got {max_reuses!r}.")

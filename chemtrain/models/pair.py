@@ -94,7 +94,7 @@ def lennard_jones_template(displacement_fn: Callable, r_cutoff: float,
     def template(params):
         def energy_fn(positions, neighbor, **kwargs):
             return pair_energy(lambda r: switch(r, params["sigma"], params["epsilon"]),
-                               displacement_fn, positions, neighbor, **_box(kwargs))
+                               displacement_fn, positions, neighbor, **displacement_kwargs(kwargs))
         return energy_fn
     return EnergyTemplate(template, cutoff=float(r_cutoff), periodic=periodic(displacement_fn))
 
@@ -162,7 +162,7 @@ def pair_mlp_template(displacement_fn: Callable, r_cutoff: float, n_basis: int =
             return (h @ last["w"] + last["b"])[:, 0] * cosine_cutoff(r, r_cutoff)
 
         def energy_fn(positions, neighbor, **kwargs):
-            return pair_energy(pair_fn, displacement_fn, positions, neighbor, **_box(kwargs))
+            return pair_energy(pair_fn, displacement_fn, positions, neighbor, **displacement_kwargs(kwargs))
         return energy_fn
     return template
 
@@ -196,7 +196,7 @@ def harmonic_bond_template(displacement_fn: Callable, bonds) -> Callable:
 
     def template(params):
         def energy_fn(positions, neighbor=None, **kwargs):
-            disp = _box(kwargs)
+            disp = displacement_kwargs(kwargs)
             dr = jax.vmap(lambda a, b: displacement_fn(a, b, **disp))(
                 positions[bonds[:, 0]], positions[bonds[:, 1]])
             r = jnp.sqrt(jnp.sum(dr * dr, axis=-1))
@@ -205,7 +205,7 @@ def harmonic_bond_template(displacement_fn: Callable, bonds) -> Callable:
     return template
 
 
-def _box(kwargs):
+def displacement_kwargs(kwargs):
     """Displacement keyword arguments among an energy function's inputs: a
     dataset's or NPT simulator's ``box`` and jax-md's ``perturbation``."""
     return {k: kwargs[k] for k in ("box", "perturbation") if k in kwargs}

@@ -22,7 +22,7 @@ from typing import Callable, Mapping, Sequence
 import jax.numpy as jnp
 import optax
 
-from .pair import _box, pair_energy
+from .pair import displacement_kwargs, pair_energy
 from .template import EnergyTemplate, as_template, periodic
 
 
@@ -73,7 +73,7 @@ def repulsive_template(displacement_fn: Callable, r_cutoff: float,
 
         def energy_fn(positions, neighbor, **kwargs):
             return pair_energy(lambda r: switched(r, params["sigma"], params["epsilon"]),
-                               displacement_fn, positions, neighbor, **_box(kwargs))
+                               displacement_fn, positions, neighbor, **displacement_kwargs(kwargs))
         return energy_fn
     return EnergyTemplate(template, cutoff=float(r_cutoff), periodic=periodic(displacement_fn))
 

@@ -10,9 +10,9 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-from ..data.dataset import GRAPH_KEYS  # the data layout owns the names
+from ..layout import GRAPH_KEYS
 
-_FORMATS = {"sparse": "Sparse", "dense": "Dense", "ordered_sparse": "OrderedSparse"}
+FORMATS = {"sparse": "Sparse", "dense": "Dense", "ordered_sparse": "OrderedSparse"}
 
 
 class SmallCellError(ValueError):
@@ -156,7 +156,7 @@ def edge_vectors(displacement_fn: Callable | None, positions, neighbor, box=None
         sc, rc = jnp.clip(s, 0, n - 1), jnp.clip(r, 0, n - 1)
         vec = positions[rc] - positions[sc]
         if box is not None:
-            vec = vec + neighbor.shifts.astype(vec.dtype) @ _box_matrix(box, vec.dtype).T
+            vec = vec + neighbor.shifts.astype(vec.dtype) @ box_matrix(box, vec.dtype).T
         if perturbation is not None:
             vec = _transform(perturbation, vec)
         return sc, rc, vec, real
@@ -221,7 +221,7 @@ def pair_weight(neighbor) -> float:
     return 1.0 if ordered and not isinstance(neighbor, Graph) else 0.5
 
 
-def _box_matrix(box, dtype=None):
+def box_matrix(box, dtype=None):
     """A jax-md box (scalar side, (3,) sides or (3, 3), columns the cell
     vectors) as a (3, 3) matrix."""
     box = jnp.asarray(box, dtype)
@@ -234,11 +234,11 @@ def _box_matrix(box, dtype=None):
 
 # ------------------------------------------------------------ cell geometry
 
-def _as_matrices(box) -> tuple[np.ndarray, bool]:
+def as_matrices(box) -> tuple[np.ndarray, bool]:
     """Boxes as (n, 3, 3) and whether a single box was given."""
     b = np.asarray(box, np.float64)
     if b.ndim == 0 or b.shape in ((3,), (3, 3)):
-        return _as_matrices(b[None])[0], True
+        return as_matrices(b[None])[0], True
     if b.ndim == 1:                       # one side length per structure
         return b[:, None, None] * np.eye(3), False
     if b.ndim == 2 and b.shape[1] == 3:   # three side lengths per structure
@@ -269,7 +269,7 @@ def perpendicular_widths(box) -> np.ndarray:
     Raises:
       ValueError: ``box`` has none of these shapes.
     """
-    b, single = _as_matrices(box)
+    b, single = as_matrices(box)
     a = np.swapaxes(b, 1, 2)              # rows are cell vectors
     vol = np.abs(np.linalg.det(a))
     out = np.empty(a.shape[:2])

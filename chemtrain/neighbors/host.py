@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .edges import _as_matrices
+from .edges import as_matrices
 
 # ------------------------------------------------------ graphs on the host
 
@@ -166,7 +166,7 @@ def precompute_graphs(R, box=None, cutoff: float = None, pbc=None, mask=None,
     n, atoms = R.shape[:2]
     cells = np.zeros((n, 3, 3))
     if box is not None:
-        b, single = _as_matrices(box)
+        b, single = as_matrices(box)
         if not single and len(b) != n:
             raise ValueError(f"box holds {len(b)} boxes for {n} structures.")
         cells = np.broadcast_to(np.swapaxes(b, 1, 2), (n, 3, 3))   # rows: cell vectors

@@ -3,13 +3,14 @@ See :mod:`chemtrain.neighbors`."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Callable
 
 import numpy as np
 import jax
 import jax.numpy as jnp
 
-from .edges import _FORMATS, _box_matrix, check_minimum_image, perpendicular_widths
+from .edges import FORMATS, box_matrix, check_minimum_image, perpendicular_widths
 
 # ------------------------------------------------------- jax-md neighbor lists
 
@@ -30,7 +31,7 @@ def make_space(box=None, fractional_coordinates: bool = False):
     from jax_md import space
     if box is None:
         return space.free()
-    return space.periodic_general(jnp.asarray(_box_matrix(box)),
+    return space.periodic_general(jnp.asarray(box_matrix(box)),
                                   fractional_coordinates=fractional_coordinates)
 
 
@@ -85,9 +86,9 @@ def neighbor_list(displacement_fn: Callable, box, cutoff: float, *, format: str 
         perpendicular direction (:func:`check_minimum_image`).
     """
     from jax_md import partition
-    if format not in _FORMATS:
-        raise ValueError(f"format must be one of {list(_FORMATS)}, got {format!r}.")
-    fmt = getattr(partition, _FORMATS[format])
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {list(FORMATS)}, got {format!r}.")
+    fmt = getattr(partition, FORMATS[format])
     if box is not None:
         check_minimum_image(box, cutoff, name="The box given to neighbor_list")
     built = {}
@@ -95,7 +96,7 @@ def neighbor_list(displacement_fn: Callable, box, cutoff: float, *, format: str 
     def fns(n_atoms, box_now):
         side = box_now
         if box_now is not None and not fractional_coordinates:
-            m = np.asarray(_box_matrix(box_now))   # jax-md's cell list takes side lengths here
+            m = np.asarray(box_matrix(box_now))   # jax-md's cell list takes side lengths here
             side = np.diag(m) if np.allclose(m, np.diag(np.diag(m))) else None
         use = cell_list
         if use is None:
@@ -145,6 +146,14 @@ class _UpdateWithCutoff:
         return hash((id(self.fn), self.cutoff))
 
 
+#: the warning of :func:`list_cutoff` for a list whose cutoff cannot be read
+UNKNOWN_CUTOFF = ("The cutoff of this neighbor list cannot be read (a jax-md list whose update "
+                  "function does not close over 'cutoff': another jax-md version, or a list "
+                  "built by hand), so the checks that it reaches the model's range and the "
+                  "RDF/ADF's are skipped. Build lists with chemtrain.neighbors.neighbor_list, "
+                  "which records its cutoff.")
+
+
 def list_cutoff(nbrs) -> float | None:
     """The distance up to which a jax-md neighbor list holds every pair.
 
@@ -156,7 +165,9 @@ def list_cutoff(nbrs) -> float | None:
       :func:`fixed_neighbor_list` carries; else the ``r_cutoff`` of jax-md's
       own ``neighbor_list``, its reach ``r_cutoff + dr_threshold`` minus the
       skin (which guards moving particles only), read from the closure of its
-      update function (jax-md stores it nowhere else); else None (unknown).
+      update function (jax-md stores it nowhere else); else None (unknown),
+      with a warning (:data:`UNKNOWN_CUTOFF`): checks of what the list
+      reaches are then skipped, and the user should know.
     """
     update_fn = getattr(nbrs, "update_fn", None)
     if isinstance(update_fn, _UpdateWithCutoff):
@@ -164,6 +175,8 @@ def list_cutoff(nbrs) -> float | None:
     closed = _jax_md_closure(update_fn)
     value = closed.get("cutoff")
     if not isinstance(value, (int, float, np.floating)):
+        if update_fn is not None:
+            warnings.warn(UNKNOWN_CUTOFF, UserWarning, stacklevel=2)
         return None
     skin = 2.0 * float(np.sqrt(np.asarray(closed.get("threshold_sq", 0.0), np.float64)))
     return float(value) - skin
@@ -253,7 +266,7 @@ def fixed_neighbor_list(idx, positions, format: str, cutoff: float):
     return partition.NeighborList(
         idx=idx, reference_position=positions,
         error=partition.PartitionError(jnp.zeros((), jnp.uint8)), cell_list_capacity=None,
-        max_occupancy=idx.shape[-1], format=getattr(partition, _FORMATS[format]), cell_size=None, cell_list_fn=None,
+        max_occupancy=idx.shape[-1], format=getattr(partition, FORMATS[format]), cell_size=None, cell_list_fn=None,
         update_fn=_UpdateWithCutoff(_refuse_update, cutoff))
 
 

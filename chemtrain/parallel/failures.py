@@ -224,7 +224,7 @@ def start_mpi_exit_watch(strategy, poll_s: float = 0.2) -> None:
     import atexit
     if _exit_watch or strategy.process_count == 1:
         return
-    MPI, comm = strategy._MPI, strategy.comm.Dup()   # a communicator of its own
+    MPI, comm = strategy.MPI, strategy.comm.Dup()   # a communicator of its own
     rank, stop, ended = comm.Get_rank(), threading.Event(), {}
 
     def watch():

@@ -46,7 +46,7 @@ class MpiStrategy(Strategy):
 
     def __init__(self):
         MPI = _import_mpi4py()
-        self._MPI = MPI
+        self.MPI = MPI  # the mpi4py module (its operations and communicators)
         self.comm = MPI.COMM_WORLD
         n_local = jax.local_device_count()
         if n_local != 1:
@@ -123,7 +123,7 @@ class MpiStrategy(Strategy):
 
     # -- host-level communication -----------------------------------------
     def host_max(self, value):
-        return self.comm.allreduce(value, op=self._MPI.MAX)
+        return self.comm.allreduce(value, op=self.MPI.MAX)
 
     def host_allgather(self, value):
         return self.comm.allgather(value)
@@ -135,7 +135,7 @@ class MpiStrategy(Strategy):
             shape = np.shape(x)  # ascontiguousarray makes 0-d arrays 1-d
             x = np.ascontiguousarray(x)
             out = np.empty_like(x)
-            self.comm.Allreduce(x, out, op=self._MPI.SUM)
+            self.comm.Allreduce(x, out, op=self.MPI.SUM)
             return out.reshape(shape)
         return jax.tree.map(reduce, tree)
 
@@ -163,7 +163,7 @@ class MpiStrategy(Strategy):
         if self._mpi4jax is None:
             return tree
         flat, unravel = ravel_pytree(tree)
-        total = self._mpi4jax.allreduce(flat, op=self._MPI.SUM, comm=self._jax_comm)
+        total = self._mpi4jax.allreduce(flat, op=self.MPI.SUM, comm=self._jax_comm)
         return unravel(total)
 
     def vary(self, tree):

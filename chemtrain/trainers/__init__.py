@@ -4,10 +4,12 @@ from .difftre import Difftre, DifftreParallel
 from .force_matching import ForceMatching
 from .interleave import InterleaveTrainers
 from .relative_entropy import RelativeEntropy
-from .services import TrainingError
+from .reweighting import Reweighting
+from .errors import TrainingError
 from .state import DifftreState, FMState, RelEntropyState, TrainerState
-from .statepoint import StatePoint
+from ..learn.statepoint import StatePoint  # noqa: F401  (documented as chemtrain.learn.StatePoint)
 
-__all__ = ["ForceMatching", "Difftre", "DifftreParallel", "RelativeEntropy", "InterleaveTrainers",
+__all__ = ["ForceMatching", "Difftre", "DifftreParallel", "RelativeEntropy", "Reweighting",
+           "InterleaveTrainers",
            "TrainingError",
-           "StatePoint", "TrainerState", "FMState", "DifftreState", "RelEntropyState"]
+           "TrainerState", "FMState", "DifftreState", "RelEntropyState"]

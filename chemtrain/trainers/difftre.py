@@ -1,8 +1,9 @@
 """DiffTRe trainers (upstream chemtrain's names): ``DifftreParallel`` takes
 the state points as a batch with a leading axis, ``Difftre`` adds them one by
-one with ``add_statepoint``. Both run the loop of
-:mod:`chemtrain.trainers.difftre_core` and differ only in how state points
-are declared.
+one with ``add_statepoint``. Both are the loop of
+:class:`chemtrain.trainers.Reweighting` with DiffTRe's objective
+(:func:`chemtrain.learn.difftre_objective`) and differ only in how state
+points are declared.
 """
 from __future__ import annotations
 
@@ -12,15 +13,20 @@ from typing import Callable, Mapping
 import jax.numpy as jnp
 import numpy as np
 
-from ..learn import difftre as dt
-from .difftre_core import _DifftreCore
-from .statepoint import StatePointFunctions
+from ..learn.difftre import resolve_observables
+from ..learn.difftre_batches import statepoint_batches
+from ..learn.difftre_objective import difftre_functions, difftre_objective
+from ..learn.statepoint import simulation_functions, statepoint_inputs
+from ..learn.update import StepSizeSearch
+from ..simulate.restart import RestartPolicy
+from .reweighting import Reweighting
 from .services import collective
+from .state import DifftreState
 
 log = logging.getLogger("chemtrain")
 
 
-class DifftreParallel(_DifftreCore):
+class DifftreParallel(Reweighting):
     """DiffTRe over a batch of state points that share one potential,
     simulator and set of observables.
 
@@ -67,15 +73,15 @@ class DifftreParallel(_DifftreCore):
         annealing it (:mod:`chemtrain.learn.reuse`).
       loss_fn: ``fn(predictions, targets) -> loss`` replacing the gamma-
         weighted sum of per-target losses.
-      step_size_search: scale each update down (1, 1/2, 1/4, ...) until
-        N_eff keeps ``allowed_reduction`` of its value at every state point.
-      allowed_reduction: fraction of N_eff, in (0, 1], that the step-size
-        search must keep; if even the smallest candidate does not keep it,
-        that smallest step is taken with a warning.
-      n_step_candidates: number of scales the step-size search tries (at
-        least 1).
-      overflow_capacity_multiplier, max_neighbor_retries: neighbor-list
-        restart policy (:func:`chemtrain.simulate.run_with_restart`).
+      step_size_search: a :class:`~chemtrain.learn.StepSizeSearch`
+        (``candidates``, ``allowed_reduction``): each update is scaled down
+        (1, 1/2, 1/4, ...) until N_eff keeps ``allowed_reduction`` of its
+        value at every state point; True: its defaults (10 candidates, 0.5);
+        None: no search.
+      restart: the :class:`~chemtrain.simulate.RestartPolicy`
+        (``capacity_multiplier``, ``max_retries``) of neighbor-list
+        overflows (:func:`chemtrain.simulate.run_with_restart`); None: its
+        defaults (1.5, 3).
       checkpoint_path: folder of checkpoints and ``<name>_error_state.npz``.
       log_file: JSON-lines metrics file, one line per epoch.
       plot_file: where :meth:`train` writes the plot of predictions against
@@ -103,8 +109,6 @@ class DifftreParallel(_DifftreCore):
     energy) in every update, under the current parameters.
     """
 
-    trainer_name = "DifftreParallel"
-
     def __init__(self, key, init_params, optimizer, energy_fn_template: Callable,
                  simulator_template: Callable, neighbor_fn, timings, state_kwargs: Mapping,
                  quantities: Mapping, targets: Mapping, observables: Mapping | None = None, *,
@@ -112,35 +116,35 @@ class DifftreParallel(_DifftreCore):
                  vmap_batch: int | None = 10, sim_batch_size: int = 1,
                  reweight_ratio: float = 0.9, parallelism: str = "auto",
                  max_reuse_se: float | None = 0.2, max_reuses: int | None = 4,
-                 step_size_search: bool = False, allowed_reduction: float = 0.5,
-                 n_step_candidates: int = 10, overflow_capacity_multiplier: float = 1.5,
-                 max_neighbor_retries: int = 3, checkpoint_path: str = "checkpoints",
+                 step_size_search: StepSizeSearch | bool | None = None,
+                 restart: RestartPolicy | None = None, checkpoint_path: str = "checkpoints",
                  log_file: str | None = None, plot_file: str | None = None, plot_x=None,
                  progress: bool = True, consistency_check_every: int | None = None,
                  name: str = "difftre", on_update: Callable | None = None):
         n = _check_batch_inputs(state_kwargs, targets, reference_states)
-        dt.resolve_observables(targets, quantities, observables)
-        dt.statepoint_batches(n, sim_batch_size)
+        resolve_observables(targets, quantities, observables)
+        statepoint_batches(n, sim_batch_size)
         super().__init__(
-            key, init_params, optimizer, sim_batch_size=sim_batch_size,
-            reweight_ratio=reweight_ratio, parallelism=parallelism, max_reuse_se=max_reuse_se, max_reuses=max_reuses,
-            step_size_search=step_size_search, allowed_reduction=allowed_reduction,
-            n_step_candidates=n_step_candidates,
-            overflow_capacity_multiplier=overflow_capacity_multiplier,
-            max_neighbor_retries=max_neighbor_retries, checkpoint_path=checkpoint_path,
-            log_file=log_file, plot_file=plot_file, plot_x=plot_x, progress=progress,
-            consistency_check_every=consistency_check_every, name=name, on_update=on_update)
+            difftre_objective(), key, init_params, optimizer, trainer_name="DifftreParallel",
+            state_class=DifftreState, sim_batch_size=sim_batch_size, parallelism=parallelism,
+            reweight_ratio=reweight_ratio, max_reuse_se=max_reuse_se, max_reuses=max_reuses,
+            step_size_search=step_size_search, restart=restart,
+            checkpoint_path=checkpoint_path, log_file=log_file, plot_file=plot_file,
+            plot_x=plot_x, progress=progress, consistency_check_every=consistency_check_every,
+            name=name, on_update=on_update)
         with self.strategy.failure_guard():
             specs = {k: {kk: vv for kk, vv in v.items() if kk != "target"}
                      for k, v in targets.items()}
-            fns = StatePointFunctions(energy_fn_template, simulator_template, neighbor_fn, timings,
-                                  quantities, specs, observables, loss_fn, vmap_batch)
+            fns = simulation_functions(energy_fn_template, simulator_template, neighbor_fn,
+                                       timings, vmap_batch).with_method(difftre_functions(
+                                           energy_fn_template, quantities, specs, observables,
+                                           loss_fn, vmap_batch), quantities)
             reference = jnp.asarray(reference_states)
             for i in range(n):
-                self._add(fns, {k: np.asarray(v)[i] for k, v in state_kwargs.items()},
-                          reference[i], specs, {k: np.asarray(v["target"])[i]
-                                                for k, v in targets.items()},
-                          timings.n_snapshots)
+                self._append(fns, {k: np.asarray(v)[i] for k, v in state_kwargs.items()},
+                             reference[i], specs, {k: np.asarray(v["target"])[i]
+                                                   for k, v in targets.items()},
+                             timings.n_snapshots)
             self._check_statepoints("construction")
             self.batches()  # enough state points for the ranks
         if self.strategy.is_root:
@@ -179,7 +183,7 @@ def _check_batch_inputs(state_kwargs, targets, reference_states) -> int:
     return int(n)
 
 
-class Difftre(_DifftreCore):
+class Difftre(Reweighting):
     """DiffTRe with state points added one by one (upstream chemtrain's style).
 
     Each state point has its own potential template, simulator, timings and
@@ -212,17 +216,15 @@ class Difftre(_DifftreCore):
       max_reuses: recompute a trajectory that has served this many updates
         after the one it was sampled for (a whole number >= 0, or None for no
         limit); as in :class:`DifftreParallel`.
-      step_size_search: scale each update down (1, 1/2, 1/4, ...) until N_eff
-        keeps ``allowed_reduction`` of its value at every state point.
-      allowed_reduction: fraction of N_eff, in (0, 1], that a step found by
-        the step-size search must keep; if even the smallest candidate does
-        not keep it, that smallest step is taken with a warning.
-      n_step_candidates: number of scales the step-size search tries, 1, 1/2,
-        ..., 2**-(n_step_candidates - 1); at least 1.
-      overflow_capacity_multiplier: growth factor of the neighbor-list
-        capacity on an overflow (:func:`chemtrain.simulate.run_with_restart`).
-      max_neighbor_retries: restarts of a trajectory after neighbor-list
-        overflows before giving up (:func:`chemtrain.simulate.run_with_restart`).
+      step_size_search: a :class:`~chemtrain.learn.StepSizeSearch`
+        (``candidates``, ``allowed_reduction``): each update is scaled down
+        (1, 1/2, 1/4, ...) until N_eff keeps ``allowed_reduction`` of its
+        value at every state point; True: its defaults (10 candidates, 0.5);
+        None: no search.
+      restart: the :class:`~chemtrain.simulate.RestartPolicy`
+        (``capacity_multiplier``, ``max_retries``) of neighbor-list
+        overflows (:func:`chemtrain.simulate.run_with_restart`); None: its
+        defaults (1.5, 3).
       checkpoint_path: folder of the epoch checkpoints and of
         ``<name>_error_state.npz``.
       log_file: JSON-lines metrics file, one line per epoch (None: none).
@@ -249,13 +251,12 @@ class Difftre(_DifftreCore):
       update_losses: the loss of every update.
       epoch: epochs trained so far.
       update_count: updates applied so far.
-      statepoints: the :class:`~chemtrain.trainers.StatePoint` objects, in the
+      statepoints: the :class:`~chemtrain.learn.StatePoint` objects, in the
         order they were added.
 
     Raises:
-      ValueError: if ``reweight_ratio``, ``max_reuse_se``, ``max_reuses``,
-        ``allowed_reduction``, ``n_step_candidates`` or ``sim_batch_size`` is
-        out of range, if ``sim_batch_size`` is smaller than the number of MPI
+      ValueError: if ``reweight_ratio``, ``max_reuse_se``, ``max_reuses`` or
+        ``sim_batch_size`` is out of range, if ``sim_batch_size`` is smaller than the number of MPI
         ranks, if ``parallelism`` is unknown or asks for JAX sharding (also
         when ``jax.distributed`` runs several processes), if ``init_params``
         holds no arrays, or if ``log_file`` is a folder.
@@ -265,29 +266,25 @@ class Difftre(_DifftreCore):
         is not a path.
     """
 
-    trainer_name = "Difftre"
-
     def __init__(self, init_params, optimizer, reweight_ratio: float = 0.9,
                  sim_batch_size: int = 1, energy_fn_template: Callable | None = None, *,
                  key=None, loss_fn: Callable | None = None, parallelism: str = "auto",
                  max_reuse_se: float | None = 0.2, max_reuses: int | None = 4,
-                 step_size_search: bool = False, allowed_reduction: float = 0.5,
-                 n_step_candidates: int = 10, overflow_capacity_multiplier: float = 1.5,
-                 max_neighbor_retries: int = 3, checkpoint_path: str = "checkpoints",
+                 step_size_search: StepSizeSearch | bool | None = None,
+                 restart: RestartPolicy | None = None, checkpoint_path: str = "checkpoints",
                  log_file: str | None = None, plot_file: str | None = None, plot_x=None,
                  progress: bool = True, consistency_check_every: int | None = None,
                  name: str = "difftre", on_update: Callable | None = None):
         self.energy_fn_template = energy_fn_template
         self._default_loss_fn = loss_fn
         super().__init__(
-            key, init_params, optimizer, sim_batch_size=sim_batch_size,
-            reweight_ratio=reweight_ratio, parallelism=parallelism, max_reuse_se=max_reuse_se, max_reuses=max_reuses,
-            step_size_search=step_size_search, allowed_reduction=allowed_reduction,
-            n_step_candidates=n_step_candidates,
-            overflow_capacity_multiplier=overflow_capacity_multiplier,
-            max_neighbor_retries=max_neighbor_retries, checkpoint_path=checkpoint_path,
-            log_file=log_file, plot_file=plot_file, plot_x=plot_x, progress=progress,
-            consistency_check_every=consistency_check_every, name=name, on_update=on_update)
+            difftre_objective(), key, init_params, optimizer, trainer_name="Difftre",
+            state_class=DifftreState, sim_batch_size=sim_batch_size, parallelism=parallelism,
+            reweight_ratio=reweight_ratio, max_reuse_se=max_reuse_se, max_reuses=max_reuses,
+            step_size_search=step_size_search, restart=restart,
+            checkpoint_path=checkpoint_path, log_file=log_file, plot_file=plot_file,
+            plot_x=plot_x, progress=progress, consistency_check_every=consistency_check_every,
+            name=name, on_update=on_update)
 
     @collective
     def add_statepoint(self, energy_fn_template, simulator_template, neighbor_fn, timings,
@@ -304,35 +301,23 @@ class Difftre(_DifftreCore):
         :class:`DifftreParallel`. Returns the state point's index."""
         state_kwargs, reference_state = statepoint_inputs(state_kwargs, reference_state)
         targets = targets or {}
-        dt.resolve_observables(targets, quantities, observables)
+        resolve_observables(targets, quantities, observables)
         specs = {k: {kk: vv for kk, vv in v.items() if kk != "target"} for k, v in targets.items()}
         energy_fn_template = energy_fn_template or self.energy_fn_template
         if energy_fn_template is None:
             raise ValueError("add_statepoint needs an energy_fn_template (or give one to the "
                              "trainer).")
-        fns = StatePointFunctions(energy_fn_template, simulator_template, neighbor_fn, timings, quantities,
-                         specs, observables, loss_fn or self._default_loss_fn, vmap_batch)
+        fns = simulation_functions(energy_fn_template, simulator_template, neighbor_fn, timings,
+                                   vmap_batch).with_method(difftre_functions(
+                                       energy_fn_template, quantities, specs, observables,
+                                       loss_fn or self._default_loss_fn, vmap_batch), quantities)
         first = self.statepoints[0] if self.statepoints else None
         if first is not None and sorted(first.targets) != sorted(specs):
             raise ValueError(f"Every state point needs the same target names; the first has "
                              f"{sorted(first.targets)}, this one {sorted(specs)}.")
-        sp = self._add(fns, state_kwargs, reference_state, specs,
-                       {k: v["target"] for k, v in targets.items()}, timings.n_snapshots)
-        self._check_statepoints(f"add_statepoint of state point {sp.index}")
+        sp = self.add(fns, state_kwargs, reference_state, specs,
+                      {k: v["target"] for k, v in targets.items()}, timings.n_snapshots)
         if initialize_traj:
             self.initialize_trajstates(1, statepoints=[sp.index])
         return sp.index
 
-
-def statepoint_inputs(state_kwargs, reference_state):
-    """``add_statepoint``'s ``state_kwargs`` as a dict (a number is kT) and
-    its ``reference_state`` as positions (upstream's ``(simulator_state,
-    nbrs)`` gives its positions)."""
-    if isinstance(state_kwargs, (int, float, np.floating)):
-        state_kwargs = {"kT": float(state_kwargs)}
-    if not isinstance(state_kwargs, Mapping):
-        raise TypeError(f"state_kwargs must be a dict (with 'kT') or the number kT, got "
-                        f"{type(state_kwargs).__name__}.")
-    if isinstance(reference_state, tuple) and hasattr(reference_state[0], "position"):
-        reference_state = reference_state[0].position
-    return state_kwargs, reference_state

@@ -1,5 +1,4 @@
-"""Files of the DiffTRe trainers: trajectory states as plain data, and the
-plot of predicted against target observables.
+"""Files of the reweighting trainers: trajectory states as plain data.
 
 A trajectory state holds jax-md dataclasses whose static fields (the
 neighbor list's capacity, its update function) are not data. The arrays are
@@ -19,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import checkpoint as ckpt
-from .services import check_kind
+from ..checkpoint import check_kind
 
 
 def trajstates_to_host(trajstates: dict, statepoints=None) -> tuple[dict, dict]:
@@ -71,18 +70,29 @@ def pack(trajstates: dict) -> dict:
             for i in sorted(trajstates)}
 
 
-def unpack(statepoints, params, packed: dict, cache: dict) -> dict:
+def unpack(statepoints, params, packed: dict, held: dict) -> dict:
     """Inverse of :func:`pack` on a process that holds the same
-    ``statepoints`` (:class:`~.statepoint.StatePoint`): the structure of each
-    state comes from their own functions at ``params`` (see
-    :func:`_template`)."""
-    out = {}
+    ``statepoints`` (:class:`~chemtrain.learn.statepoint.StatePoint`): the
+    structure of each state is that of the trajectories this process
+    ``held`` for the state point (jax-md's static fields included), or,
+    where it holds none yet, built from the state point's own functions at
+    ``params`` (see :func:`_template`)."""
+    out, templates = {}, {}
     for i, chains in packed.items():
         sp = statepoints[i]
-        out[i] = [jax.tree.map(jnp.asarray, jax.tree.unflatten(
-            jax.tree.structure(_template(sp, params, c, ci, cache)), leaves))
+        mine = held.get(i)
+        out[i] = [jax.tree.map(jnp.asarray, jax.tree.unflatten(jax.tree.structure(
+            mine[c] if mine is not None and _capacities(mine[c]) == (
+                int(ci["max_occupancy"]), ci["cell_list_capacity"])
+            else _template(sp, params, c, ci, templates)), leaves))
             for c, (ci, leaves) in enumerate(chains)]
     return out
+
+
+def _capacities(t) -> tuple:
+    """The static capacities of a trajectory state's neighbor list."""
+    cells = t.nbrs.cell_list_capacity
+    return int(t.nbrs.max_occupancy), None if cells is None else int(cells)
 
 
 def check_replaceable(path: str, run_id: str) -> None:
@@ -119,10 +129,10 @@ def read(path: str, trainer_name: str):
 
 def _template(sp, params, chain: int, info: dict, cache: dict):
     """Zero arrays shaped like a saved TrajState of state point ``sp``
-    (state points that share their functions and shapes share one)."""
+    (chain ``chain``), kept in ``cache`` (one call's) per state point and
+    capacity."""
     key = jax.random.PRNGKey(0)
-    tag = (sp.fns, tuple(sp.reference.shape[1:]), int(info["max_occupancy"]),
-           info["cell_list_capacity"])
+    tag = (sp.index, chain, int(info["max_occupancy"]), info["cell_list_capacity"])
     if tag in cache:
         return cache[tag]
     t0 = sp.init_fn(params, key, sp.reference[chain], **sp.state_kwargs)
@@ -167,33 +177,3 @@ def trajstates_from_host(statepoints, params, meta: dict, leaves, mine, path) ->
                 f"{statepoints[i].reference.shape[0]}.")
     host = ckpt.unflatten_like(template, leaves, meta["trees"]["trajstates"], "trajstates")
     return {i: [jax.tree.map(jnp.asarray, t) for t in host[f"{i:05d}"]] for i in mine}
-
-
-def plot(statepoints, predictions: dict, plot_x: dict, path: str) -> None:
-    """Latest ``predictions`` (state point -> observables) against the
-    targets of ``statepoints``: one row per state point, one panel per
-    target (a curve for arrays, x from ``plot_x``; two bars for scalars)."""
-    from matplotlib.figure import Figure
-    if not predictions:
-        raise RuntimeError("Nothing to plot yet: train first.")
-    rows = sorted(predictions)
-    names = list(statepoints[rows[0]].targets)
-    fig = Figure(figsize=(4.0 * len(names), 2.8 * len(rows)), constrained_layout=True)
-    axes = np.asarray(fig.subplots(len(rows), len(names), squeeze=False))
-    for r, i in enumerate(rows):
-        sp = statepoints[i]
-        for c, name in enumerate(names):
-            ax, pred = axes[r, c], np.asarray(predictions[i][name])
-            target = np.asarray(sp.target_values[name])
-            if pred.size > 1:
-                x = np.asarray(plot_x.get(name, np.arange(pred.size)))
-                ax.plot(x, target.ravel(), "k--", label="target")
-                ax.plot(x, pred.ravel(), "C0-", label="predicted")
-                ax.legend(fontsize=7)
-            else:
-                ax.bar([0, 1], [float(target), float(pred)], color=["0.5", "C0"])
-                ax.set_xticks([0, 1], ["target", "predicted"])
-            kT = float(np.ravel(np.asarray(sp.state_kwargs["kT"]))[0])
-            ax.set_title(f"state point {sp.name} (kT={kT:.3g}): {name}", fontsize=8)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)

@@ -21,7 +21,8 @@ from ..learn.step import make_reduced, make_update
 from ..models.template import as_template, check_reach
 from ..parallel import make_strategy, raised_everywhere
 from .report import Reporter, check_epochs, close_epoch
-from .services import (CheckpointStore, TrainingError, add_trees, check_consistency, collective,
+from .checkpoints import CheckpointStore
+from .services import (TrainingError, add_trees, check_consistency, collective,
                        init_state, run_steps)
 from .stages import DataStages, global_batch
 from .state import FMState, HoldsState

@@ -39,7 +39,8 @@ import numpy as np
 from ..checkpoint import CheckpointError, why_not_writable
 from ..parallel import on_root
 from .report import Reporter, check_epochs
-from .services import CheckpointStore, collective, read_meta
+from .checkpoints import CheckpointStore, read_meta
+from .services import collective
 from .state import check_like
 
 MARKER = "fused.npz"
@@ -187,7 +188,7 @@ class InterleaveTrainers:
         self._check_same_turns()
         marker = os.path.join(path, MARKER)
 
-        def prepare():
+        def make_folder():
             if os.path.exists(path) and not os.path.isdir(path):
                 raise CheckpointError(f"{path!r} is a file; an InterleaveTrainers checkpoint is "
                                       f"a folder. Pass another path.")
@@ -199,7 +200,7 @@ class InterleaveTrainers:
             os.makedirs(path, exist_ok=True)
             if os.path.exists(marker):
                 os.remove(marker)
-        on_root(self.strategy, prepare, only_root=True)
+        on_root(self.strategy, make_folder, only_root=True)
         for name, trainer, _ in self.parts:
             trainer.save_checkpoint(os.path.join(path, f"{name}.npz"))
         self.store.save(marker, {}, self._meta())

@@ -5,7 +5,10 @@ Each trainer keeps everything a run needs to continue in one
 DiffTRe): a frozen dataclass that is also a JAX pytree. Its array fields,
 named in ``TREES`` (parameters, optimizer state, ...), are the pytree's
 children; all other fields are plain data (numbers, strings, lists and dicts
-of them) and travel as the pytree's static part. So
+of them) and travel as the pytree's static part, except the logs named in
+``LOGS`` (histories, losses per epoch), which grow every epoch: they travel
+beside the structure (:class:`Logs`, equal to any other), so the tree
+structure of a state stays the same over training. So
 ``jax.tree.map(np.asarray, state)`` copies the arrays and keeps the
 bookkeeping, and a checkpoint is exactly :meth:`TrainerState.split`'s two
 parts: nothing is copied attribute by attribute, and a field added to a
@@ -47,6 +50,7 @@ class TrainerState:
     ``TREES``; every other field must hold plain data."""
 
     TREES: ClassVar[tuple[str, ...]] = ()
+    LOGS: ClassVar[tuple[str, ...]] = ()   # plain fields that grow: not part of the structure
     ADDED: ClassVar[dict] = {}   # plain field -> factory of its value where a file lacks it
 
     def __init_subclass__(cls, **kwargs):
@@ -85,9 +89,13 @@ class TrainerState:
         return dataclasses.replace(self, **changes)
 
     # -- pytree -------------------------------------------------------------
-    def _aux(self) -> str:
-        # the static part as canonical JSON: hashable and compared by value
-        return json.dumps(self.split()[1], sort_keys=True, allow_nan=True)
+    def _aux(self):
+        # the static part as canonical JSON (hashable, compared by value), and
+        # the logs beside it, outside the structure's comparison
+        static = {n: _plain(self.__dict__[n], f"{type(self).__name__}.{n}")
+                  for n in self.plain_fields() if n not in self.LOGS}
+        return (json.dumps(static, sort_keys=True, allow_nan=True),
+                Logs({n: self.__dict__[n] for n in self.LOGS}))
 
     def _flatten(self):
         return tuple(self.__dict__[n] for n in self.TREES), self._aux()
@@ -97,8 +105,30 @@ class TrainerState:
                 self._aux())
 
     @classmethod
-    def _unflatten(cls, aux: str, children):
-        return cls.join(dict(zip(cls.TREES, children)), json.loads(aux))
+    def _unflatten(cls, aux, children):
+        static, logs = aux
+        return cls.join(dict(zip(cls.TREES, children)), {**json.loads(static), **logs.values})
+
+
+class Logs:
+    """The growing plain fields of a state (histories, per-epoch losses) as
+    they travel with its pytree structure: carried along by tree maps, but
+    equal to any other ``Logs``, so that a state's structure does not change
+    as training appends to them."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: dict):
+        self.values = values
+
+    def __eq__(self, other):
+        return isinstance(other, Logs)
+
+    def __hash__(self):
+        return 0
+
+    def __repr__(self):
+        return f"Logs({sorted(self.values)})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +161,7 @@ class FMState(TrainerState):
     """
 
     TREES: ClassVar[tuple[str, ...]] = ("params", "opt_state", "best_params")
+    LOGS: ClassVar[tuple[str, ...]] = ("train_losses", "val_losses", "history")
 
     params: Any
     opt_state: Any
@@ -171,6 +202,7 @@ class DifftreState(TrainerState):
     """
 
     TREES: ClassVar[tuple[str, ...]] = ("params", "opt_state")
+    LOGS: ClassVar[tuple[str, ...]] = ("history", "epoch_losses", "update_losses")
     ADDED: ClassVar[dict] = {"reuses": list}   # absent from checkpoints of older versions
 
     params: Any
@@ -243,7 +275,7 @@ def check_like(want, got, want_name: str, got_name: str) -> None:
 
 
 class HoldsState:
-    """Mixin of the trainers: their resumable state is ``self.state`` (a
+    """The base of every trainer: its resumable state is ``self.state`` (a
     :class:`~.state.TrainerState`) whose arrays ``self.store`` (a
     :class:`CheckpointStore`) places. ``params`` reads it; setting it is how
     one trainer hands its parameters to another: checked on every process

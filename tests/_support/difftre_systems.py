@@ -12,7 +12,7 @@ from jax_md import partition, simulate, space
 
 from chemtrain import quantity
 from chemtrain.models.pair import harmonic_bond_template
-from chemtrain.simulate import process_printouts
+from chemtrain.simulate import RestartPolicy, process_printouts
 from chemtrain.trainers.difftre import DifftreParallel
 
 KTS = np.array([2.56, 3.0, 3.5, 3.2, 2.8])
@@ -112,6 +112,6 @@ def overflowing_lj(**kwargs):
         quantities={"rdf": quantity.rdf(displacement, rdf_bins, box=box)},
         targets={"rdf": {"target": np.ones((2, 130))}},
         reference_states=np.broadcast_to(lattice, (2, n, 3)), sim_batch_size=-1,
-        max_neighbor_retries=0, progress=False)
+        restart=RestartPolicy(max_retries=0), progress=False)
     args.update(kwargs)
     return DifftreParallel(**args)

@@ -1,81 +1,100 @@
-"""A DiffTRe state point: what is fixed about it (:class:`StatePoint`) and
-the compiled functions that state points sharing a potential, simulator,
-quantities and targets share (:class:`StatePointFunctions`)."""
+"""A state point of the reweighting trainers (DiffTRe, relative entropy):
+what is fixed about it (:class:`StatePoint`) and the compiled functions of
+its simulation (:class:`SimulationFunctions`). Both are frozen values,
+built once when the state point is added: nothing here is compiled or
+changed later (jax.jit compiles on the first call, as everywhere)."""
 from __future__ import annotations
 
 import dataclasses
 import warnings
 import zlib
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..learn import difftre as dt
-from ..learn.difftre_grad import make_value_and_grad
 from ..simulate.trajectory import make_trajectory
 from ..units import BOLTZMANN_KJ_PER_MOL_K
+from . import difftre as reweight
 
 #: kT above this (kJ/mol, about 3,000 K) is warned about: likely a temperature in kelvin
 KT_PLAUSIBLE = 25.0
 
 
+@dataclasses.dataclass(frozen=True)
 class SimulationFunctions:
     """The compiled functions of state points that share a potential,
-    simulator and neighbor list: the trajectory, the energy and the N_eff
-    of candidate steps. Every trainer that learns from its own simulations
-    (DiffTRe, relative entropy) builds on them."""
+    simulator and neighbor list (build them with
+    :func:`simulation_functions`).
 
-    quantities: dict = {}
+    Attributes:
+      energy_fn_template: ``params -> energy_fn(R, neighbor, **kwargs)``
+        (kJ/mol).
+      neighbor_fn: the jax-md neighbor-list functions of the simulation.
+      init_fn, run_fn: the trajectory pair of
+        :func:`chemtrain.simulate.make_trajectory`.
+      energy: ``(params, R, nbrs, kwargs) -> U`` of one configuration, jitted.
+      n_eff_candidates: ``(params, updates, scales, chains, U_ref,
+        state_kwargs) -> N_eff`` per scaled step (the step-size search).
+      quantities: the per-snapshot quantities of the state point's
+        objective (DiffTRe), empty for relative entropy.
+      method: the objective's own compiled functions (a frozen value of its
+        choosing, e.g. DiffTRe's loss and gradient), or None.
+    """
 
-    def __init__(self, energy_fn_template, simulator_template, neighbor_fn, timings, vmap_batch):
-        if vmap_batch is not None and (isinstance(vmap_batch, bool) or not isinstance(
-                vmap_batch, (int, np.integer)) or vmap_batch < 1):
-            raise ValueError(f"vmap_batch must be a positive whole number (snapshots evaluated "
-                             f"at once) or None (all at once), got {vmap_batch!r}.")
-        self.init_fn, self.run_fn = make_trajectory(simulator_template, energy_fn_template,
-                                                    neighbor_fn, timings)
-        self.neighbor_fn = neighbor_fn
-        self.energy_fn_template = energy_fn_template
-        self.energy = jax.jit(lambda p, R, nbrs, kw: energy_fn_template(p)(R, neighbor=nbrs, **kw))
-        self.checked = set()   # state points whose first configuration was checked
-        n_eff = dt.make_neff_fn(energy_fn_template, vmap_batch)
+    energy_fn_template: Callable
+    neighbor_fn: Any
+    init_fn: Callable
+    run_fn: Callable
+    energy: Callable
+    n_eff_candidates: Callable
+    quantities: Mapping = dataclasses.field(default_factory=dict)
+    method: Any = None
 
-        def candidates(params, updates, scales, chains, U_ref, state_kwargs):
-            return jax.lax.map(lambda a: n_eff(dt.scaled_params(params, updates, a), chains, U_ref,
-                                               state_kwargs), scales)
-        self.n_eff_candidates = jax.jit(candidates)
+    def with_method(self, method, quantities: Mapping | None = None) -> "SimulationFunctions":
+        """A copy carrying an objective's own functions (and quantities)."""
+        return dataclasses.replace(self, method=method,
+                                   quantities=dict(quantities or self.quantities))
 
 
-class StatePointFunctions(SimulationFunctions):
-    """The compiled functions of DiffTRe state points that share a potential,
-    simulator, quantities and targets (DifftreParallel: all of them)."""
+def simulation_functions(energy_fn_template, simulator_template, neighbor_fn, timings,
+                         vmap_batch: int | None) -> SimulationFunctions:
+    """The compiled simulation functions of state points that share them.
 
-    def __init__(self, energy_fn_template, simulator_template, neighbor_fn, timings, quantities,
-                 targets, observables, loss_fn, vmap_batch):
-        super().__init__(energy_fn_template, simulator_template, neighbor_fn, timings, vmap_batch)
-        self.quantities = dict(quantities)
-        self._loss_args = (energy_fn_template, self.quantities, targets, observables, loss_fn,
-                           vmap_batch)
-        dt.resolve_observables(targets, quantities, observables, require_values=False)
-        self.fixed = None  # quantities that ignore the potential, known after the first trajectory
+    Args:
+      energy_fn_template: ``params -> energy_fn(R, neighbor, **kwargs)``
+        (kJ/mol).
+      simulator_template: ``energy_fn -> (init, apply)``, a partial of a
+        jax-md simulator.
+      neighbor_fn: jax-md neighbor-list functions.
+      timings: :func:`chemtrain.simulate.process_printouts` of one trajectory.
+      vmap_batch: snapshots evaluated at once in the step-size search (None:
+        all).
 
-    def prepare(self, trajs, state_kwargs):
-        """Sort the quantities into potential-dependent ones (evaluated in the
-        loss) and the others (evaluated once per trajectory), then build the
-        loss."""
-        if self.fixed is not None:
-            return
-        template, quantities, targets, observables, loss_fn, vmap_batch = self._loss_args
-        snapshot = jax.tree.map(lambda x: x[0], trajs[0].snapshots)
-        dependent = dt.potential_dependent(quantities, snapshot, trajs[0].nbrs, state_kwargs)
-        self.fixed = tuple(k for k in quantities if k not in dependent)
-        # two passes: peak memory grows with vmap_batch, not with the snapshots
-        self.loss_and_grad = jax.jit(make_value_and_grad(
-            template, quantities, targets, observables, loss_fn, vmap_batch, fixed=self.fixed))
-        self.fixed_values = jax.jit(dt.make_snapshot_evaluator(
-            None, {k: quantities[k] for k in self.fixed}, vmap_batch))
+    Returns:
+      A :class:`SimulationFunctions` without an objective's ``method`` (add
+      it with :meth:`SimulationFunctions.with_method`).
+
+    Raises:
+      ValueError: ``vmap_batch`` is neither None nor a positive whole number;
+        the errors of :func:`chemtrain.simulate.make_trajectory`.
+    """
+    if vmap_batch is not None and (isinstance(vmap_batch, bool) or not isinstance(
+            vmap_batch, (int, np.integer)) or vmap_batch < 1):
+        raise ValueError(f"vmap_batch must be a positive whole number (snapshots evaluated "
+                         f"at once) or None (all at once), got {vmap_batch!r}.")
+    init_fn, run_fn = make_trajectory(simulator_template, energy_fn_template, neighbor_fn,
+                                      timings)
+    n_eff = reweight.make_neff_fn(energy_fn_template, vmap_batch)
+
+    def candidates(params, updates, scales, chains, U_ref, state_kwargs):
+        return jax.lax.map(lambda a: n_eff(reweight.scaled_params(params, updates, a), chains,
+                                           U_ref, state_kwargs), scales)
+    return SimulationFunctions(
+        energy_fn_template, neighbor_fn, init_fn, run_fn,
+        jax.jit(lambda p, R, nbrs, kw: energy_fn_template(p)(R, neighbor=nbrs, **kw)),
+        jax.jit(candidates))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,8 +110,7 @@ class StatePoint:
       index: the state point's position in the trainer's ``statepoints``.
       name: its name in messages (by default ``str(index)``).
       fns: the compiled functions it shares with state points of the same
-        potential, simulator, quantities and targets (a
-        ``StatePointFunctions``, or a relative-entropy trainer's own set).
+        potential, simulator and objective (:class:`SimulationFunctions`).
       state_kwargs: keyword arguments of the simulator and energy function,
         as jnp arrays: ``kT`` (thermal energy, kJ/mol) always; ``mass``
         (amu), ``box`` (nm), ``pressure`` (kJ/mol/nm^3, NPT) and per-atom
@@ -108,7 +126,7 @@ class StatePoint:
 
     index: int
     name: str
-    fns: StatePointFunctions
+    fns: SimulationFunctions
     state_kwargs: dict
     reference: Any
     targets: dict
@@ -121,12 +139,33 @@ class StatePoint:
     neighbor_fn = property(lambda self: self.fns.neighbor_fn)
 
 
-def make_statepoint(index: int, fns: StatePointFunctions, state_kwargs, reference, targets,
+def make_statepoint(index: int, fns: SimulationFunctions, state_kwargs, reference, targets,
                     target_values, n_snapshots: int, name: str | None = None,
                     data=None) -> StatePoint:
-    """State point ``index``, checked: ``state_kwargs`` with ``kT``;
-    ``reference`` positions (N, dim) or (chains, N, dim); ``n_snapshots``
-    per chain."""
+    """A state point, checked.
+
+    Args:
+      index: its position in the trainer's ``statepoints``.
+      fns: its :class:`SimulationFunctions` (with the objective's method).
+      state_kwargs: the simulator's and energy function's keyword arguments;
+        ``kT`` (kJ/mol) required.
+      reference: the reference positions, (N, dim) or (chains, N, dim), nm.
+      targets: target specs (empty for relative entropy).
+      target_values: ``{name: target array}``.
+      n_snapshots: snapshots per chain.
+      name: its name in messages (None: ``str(index)``).
+      data: what the objective learns from besides targets, or None.
+
+    Returns:
+      The frozen :class:`StatePoint`; ``n_snapshots`` counts all chains.
+
+    Raises:
+      ValueError: ``kT`` missing, not one positive finite number, or
+        reference positions of another shape; the model's own check of its
+        inputs (e.g. MACE's species).
+      TypeError: reference positions not floating point, or float32 under
+        ``jax_enable_x64``.
+    """
     if "kT" not in state_kwargs:
         raise ValueError(f"State point {index}: state_kwargs must contain 'kT' (thermal energy "
                          f"in kJ/mol, e.g. chemtrain.units.kT(300.0)); got keys "
@@ -225,3 +264,17 @@ def check_plot_x(plot_x, sp: StatePoint) -> None:
             raise ValueError(f"plot_x[{key!r}] has {np.size(x)} values, but the target {key!r} "
                              f"has {np.size(sp.target_values[key])} (one x per value, e.g. the "
                              f"RDF's bin_centers).")
+
+
+def statepoint_inputs(state_kwargs, reference_state):
+    """``add_statepoint``'s ``state_kwargs`` as a dict (a number is kT) and
+    its ``reference_state`` as positions (upstream's ``(simulator_state,
+    nbrs)`` gives its positions)."""
+    if isinstance(state_kwargs, (int, float, np.floating)):
+        state_kwargs = {"kT": float(state_kwargs)}
+    if not isinstance(state_kwargs, Mapping):
+        raise TypeError(f"state_kwargs must be a dict (with 'kT') or the number kT, got "
+                        f"{type(state_kwargs).__name__}.")
+    if isinstance(reference_state, tuple) and hasattr(reference_state[0], "position"):
+        reference_state = reference_state[0].position
+    return state_kwargs, reference_state
