@@ -33,16 +33,15 @@ import numpy as np
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 from ase.stress import full_3x3_to_voigt_6_stress
 
-from chemtrain import units
-from chemtrain.neighbors import (Graph, check_minimum_image, edge_vectors, fixed_neighbor_list,
-                                 host_edges)
+from chemtrain.calculator_models import (EV, NM, MaceModel,  # noqa: F401 - re-exported
+                                         TemplateModel, _MACE_FUNCTIONS, _deformation,
+                                         _mace_function)
+from chemtrain.neighbors import host_edges
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ChemtrainCalculator", "host_neighbors"]
 
-EV = units.EV_TO_KJ_PER_MOL            # kJ/mol per eV
-NM = units.ANGSTROM_TO_NM              # nm per Angstrom
 FORMATS = ("sparse", "dense", "ordered_sparse")
 
 
@@ -229,176 +228,3 @@ class ChemtrainCalculator(Calculator):
                          self.capacity, need, new)
             self.capacity = new
         return self.model.pad(packed, self.capacity)
-
-
-# --------------------------------------------------------------------------
-# the two kinds of models: how edges are packed and how energies are computed
-
-def _deformation(strain):
-    """jax-md's ``perturbation`` for a strain: ``I`` plus its symmetric part
-    (the derivative of the energy with respect to ``strain`` is the virial)."""
-    import jax.numpy as jnp
-    return jnp.eye(3, dtype=strain.dtype) + 0.5 * (strain + strain.T)
-
-
-class MaceModel:
-    """Chemtrain MACE on edges with explicit periodic shifts (Angstrom, eV)."""
-
-    def __init__(self, cfg, method=None):
-        self.cfg = cfg
-        self.cutoff = float(cfg.r_max)
-        self._fn, self._traces = _mace_function(cfg, method)
-        self._table = cfg.element_table()
-
-    @property
-    def n_traces(self) -> int:
-        return self._traces[0]
-
-    def check(self, atoms) -> None:
-        from chemtrain.models.mace.energy import check_species
-        check_species(self.cfg, np.asarray(atoms.numbers), what="These atoms hold",
-                      fix="Use a model trained on these elements.")
-
-    def pack(self, i, j, S, n):
-        return {"need": len(i), "i": i, "j": j, "S": S, "n": n}
-
-    def pad(self, p, capacity):
-        """A :class:`~chemtrain.neighbors.Graph`'s arrays: padded edges point
-        at the sentinel index (the atom count)."""
-        extra = capacity - p["need"]
-        send = np.concatenate([p["i"], np.full(extra, p["n"], np.int32)])
-        recv = np.concatenate([p["j"], np.full(extra, p["n"], np.int32)])
-        shifts = np.concatenate([p["S"], np.zeros((extra, 3), np.int32)])
-        return send, recv, shifts
-
-    def evaluate(self, params, atoms, edges, dtype):
-        import jax.numpy as jnp
-        R = jnp.asarray(atoms.positions, dtype)
-        cell = jnp.asarray(atoms.cell.array, dtype)
-        element = jnp.asarray(self._table[atoms.numbers])
-        E, (gR, gS) = self._fn(params, R, cell, jnp.zeros((3, 3), dtype), *map(jnp.asarray, edges),
-                               element)
-        return float(E), -np.asarray(gR, np.float64), np.asarray(gS, np.float64)
-
-
-def _mace_function(cfg, method):
-    key = (cfg, method)
-    if key not in _MACE_FUNCTIONS:
-        import jax
-        import jax.numpy as jnp
-        from chemtrain.models.mace.model import node_energies
-        traces = [0]
-
-        def energy(params, R, cell, strain, send, recv, shifts, element):
-            traces[0] += 1
-            # vectors from sender to receiver, every image (box: columns are
-            # the cell vectors), strained as jax-md strains displacements
-            s, r, vec, real = edge_vectors(None, R, Graph(send, recv, shifts), box=cell.T,
-                                           perturbation=_deformation(strain))
-            e = node_energies(params, cfg, vec, senders=s, receivers=r, edge_mask=real,
-                              element=element, node_mask=jnp.ones(R.shape[0], bool), method=method)
-            return jnp.sum(e)
-        _MACE_FUNCTIONS[key] = (jax.jit(jax.value_and_grad(energy, argnums=(1, 3))), traces)
-    return _MACE_FUNCTIONS[key]
-
-
-_MACE_FUNCTIONS = {}
-
-
-class TemplateModel:
-    """A chemtrain energy template (nm, kJ/mol) on a jax-md-style neighbor
-    list built on the host (minimum image in periodic cells)."""
-
-    def __init__(self, template, cutoff, neighbor_format, species_kwarg):
-        import jax
-        self.template = template
-        self.cutoff = float(cutoff)
-        self.format = neighbor_format
-        self.species_kwarg = species_kwarg
-        self._traces = [0]
-        self._checked_periodic = False
-        self._fn = jax.jit(jax.value_and_grad(self._energy, argnums=(1, 3)),
-                           static_argnames=("periodic",))
-
-    @property
-    def n_traces(self) -> int:
-        return self._traces[0]
-
-    def check(self, atoms) -> None:
-        pbc = np.asarray(atoms.pbc, bool)
-        if pbc.any() and not pbc.all():
-            raise ValueError(
-                f"A chemtrain energy template runs in free space or in a cell periodic in all "
-                f"three directions; these atoms have pbc {pbc.tolist()}. Use from_mace for MACE "
-                f"models (any pbc), or set atoms.pbc to all True or all False.")
-        if pbc.all():  # jax-md layout: the columns are the cell vectors
-            check_minimum_image(atoms.cell.array.T, self.cutoff, name="These atoms' cell",
-                                unit="Angstrom",
-                                fix=f"Use a supercell (atoms.repeat(...)) at least "
-                                    f"{2 * self.cutoff:.4g} Angstrom wide, or from_mace for "
-                                    f"MACE models (every image).")
-
-    def pack(self, i, j, S, n):
-        if self.format == "ordered_sparse":
-            keep = i < j
-            i, j = i[keep], j[keep]
-        if self.format == "dense":
-            counts = np.bincount(i, minlength=n)
-            return {"need": int(counts.max(initial=0)), "i": i, "j": j, "n": n}
-        return {"need": len(i), "i": i, "j": j, "n": n}
-
-    def pad(self, p, capacity):
-        n, i, j = p["n"], p["i"], p["j"]
-        if self.format == "dense":
-            order = np.argsort(i, kind="stable")
-            i, j = i[order], j[order]
-            start = np.searchsorted(i, np.arange(n))
-            idx = np.full((n, capacity), n, np.int32)
-            idx[i, np.arange(len(i)) - start[i]] = j
-            return (idx,)
-        idx = np.full((2, capacity), n, np.int32)
-        idx[0, :len(i)], idx[1, :len(j)] = i, j
-        return (idx,)
-
-    def _energy(self, params, R, cell, strain, idx, species, periodic):
-        self._traces[0] += 1
-        neighbor = fixed_neighbor_list(idx, R * NM, self.format, self.cutoff * NM)
-        kwargs = {} if self.species_kwarg is None else {self.species_kwarg: species}
-        if periodic:
-            kwargs["box"] = cell.T * NM   # jax-md: lattice vectors are the columns
-            # jax-md's displacement functions map each displacement d to
-            # perturbation @ d: its derivative is the strain derivative. (The
-            # derivative through box= is not: jax-md's custom JVP of
-            # space.transform passes position tangents through unscaled.)
-            kwargs["perturbation"] = _deformation(strain)
-        return self.template(params)(R * NM, neighbor, **kwargs) / EV
-
-    def evaluate(self, params, atoms, edges, dtype):
-        import jax.numpy as jnp
-        periodic = bool(np.all(atoms.pbc))
-        args = (jnp.asarray(atoms.cell.array, dtype), jnp.zeros((3, 3), dtype), jnp.asarray(edges[0]),
-                jnp.asarray(atoms.numbers))
-        E, (gR, gS) = self._fn(params, jnp.asarray(atoms.positions, dtype), *args, periodic=periodic)
-        if periodic and not self._checked_periodic:
-            self._check_lattice_invariance(params, atoms, args, float(E), dtype)
-        virial = np.asarray(gS, np.float64)
-        if periodic and not np.any(virial):
-            # exactly zero: the template does not pass perturbation= on
-            virial = None
-        return float(E), -np.asarray(gR, np.float64), virial
-
-    def _check_lattice_invariance(self, params, atoms, args, energy, dtype):
-        """Moving atoms by lattice vectors must not change the energy; it
-        does when the template ignores the ``box`` it is given."""
-        import jax.numpy as jnp
-        k = np.random.default_rng(0).integers(-1, 2, (len(atoms), 3))
-        moved = atoms.positions + k @ atoms.cell.array
-        E2, _ = self._fn(params, jnp.asarray(moved, dtype), *args, periodic=True)
-        rtol = 1e-6 if dtype == "float64" else 1e-3
-        if abs(float(E2) - energy) > rtol * max(abs(energy), 1e-3 * len(atoms)):
-            raise ValueError(
-                f"The energy template is not periodic in the cell it is given: moving atoms by "
-                f"lattice vectors changed the energy from {energy:.8g} to {float(E2):.8g} eV. "
-                f"Build the template with space.periodic_general(box, "
-                f"fractional_coordinates=False) so that it uses the box= passed per call.")
-        self._checked_periodic = True

@@ -276,17 +276,19 @@ def test_npt_snapshots_use_their_own_box(lj):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-12)
 
 
-def test_a_list_shorter_than_the_quantity_range_is_refused_or_completed(lj, monkeypatch):
+def test_a_list_shorter_than_the_quantity_range_is_refused_or_completed(lj):
     """Pairs beyond the neighbor list's cutoff never vanish from g(r) or the
     ADF without a word: a small system's RDF is computed from all pairs
     (the same values as with a long list), a larger one and the ADF are
     refused naming both numbers, whether the list comes from jax-md or from
     chemtrain.neighbors."""
     from chemtrain.neighbors import neighbor_list
-    from chemtrain.quantity import structure
     displacement, _, _, R, P, _ = lj
     state = _state(R[0], P[0])
     rdf = quantity.rdf(displacement, quantity.rdf_discretization(0.8, 40), BOX)
+    # as if the system were large: at most 100 distances from all pairs
+    rdf_large = quantity.rdf(displacement, quantity.rdf_discretization(0.8, 40), BOX,
+                             max_all_pairs=100)
     adf = quantity.adf(displacement, quantity.adf_discretization(r_outer=0.6, nbins=20), BOX)
     full = rdf(state, neighbor=partition.neighbor_list(displacement, BOX, 0.85, format=partition.Dense)
                .allocate(state.position))
@@ -295,21 +297,17 @@ def test_a_list_shorter_than_the_quantity_range_is_refused_or_completed(lj, monk
         nb = short.allocate(state.position)
         np.testing.assert_allclose(jax.jit(lambda s, nb: rdf(s, neighbor=nb))(state, nb), full,
                                    rtol=1e-10, atol=1e-12)   # 128 particles: all pairs
-        with monkeypatch.context() as m:
-            m.setattr(structure, "DENSE_PAIR_LIMIT", 100)   # as if the system were large
-            with pytest.raises(ValueError, match=r"RDF counts pairs up to 0\.8 nm, but the "
-                                                 r"neighbor list's cutoff is 0\.5 nm.*rdf_cut"):
-                jax.jit(lambda s, nb: rdf(s, neighbor=nb))(state, nb)
+        with pytest.raises(ValueError, match=r"RDF counts pairs up to 0\.8 nm, but the "
+                                             r"neighbor list's cutoff is 0\.5 nm.*rdf_cut"):
+            jax.jit(lambda s, nb: rdf_large(s, neighbor=nb))(state, nb)
         with pytest.raises(ValueError, match=r"ADF counts pairs up to 0\.6 nm.*cutoff is 0\.5 nm"
                                              r".*r_outer"):
             adf(state, neighbor=nb)
     # a jax-md list's skin guards moving particles only: what it surely holds is r_cutoff
     skinned = partition.neighbor_list(displacement, BOX, 0.75, dr_threshold=0.1,
                                       format=partition.Dense).allocate(state.position)
-    with monkeypatch.context() as m:
-        m.setattr(structure, "DENSE_PAIR_LIMIT", 100)
-        with pytest.raises(ValueError, match=r"cutoff is 0\.75 nm"):
-            rdf(state, neighbor=skinned)
+    with pytest.raises(ValueError, match=r"cutoff is 0\.75 nm"):
+        rdf_large(state, neighbor=skinned)
     # an RDF range beyond half the box: say which images count. Two particles,
     # box 1 nm, RDF to 1 nm; 'nearest' (upstream's g(r)) needs the farthest
     # minimum image, sqrt(3)/2 nm, and a 0.5 nm list is completed from all pairs

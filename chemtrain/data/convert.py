@@ -86,8 +86,24 @@ def _species(z, frames: int, atoms: int, path) -> np.ndarray:
     return np.broadcast_to(z.astype(np.int32), (frames, atoms))
 
 
-def _read_npz(path, length, energy) -> dict:
-    """All frames of an sGDML/MD22 npz, each array read once, in chemtrain units."""
+def read_npz(path, length, energy) -> dict:
+    """All frames of an sGDML/MD22 npz, each array read once, in chemtrain units.
+
+    Args:
+      path: the ``.npz`` file, with ``R`` (frames, atoms, 3), ``z`` (atoms,),
+        ``E`` (frames,) or (frames, 1) and ``F`` (frames, atoms, 3).
+      length: factor from the file's length unit to nm.
+      energy: factor from the file's energy unit to kJ/mol.
+
+    Returns:
+      A dict of numpy arrays: ``R`` (frames, atoms, 3) scaled by ``length``,
+      ``F`` by ``energy / length``, ``U`` (frames,) by ``energy``,
+      ``species`` (frames, atoms) and ``natoms`` (frames,).
+
+    Raises:
+      KeyError: a key is missing.
+      ConversionError: an array has the wrong shape or a value is not finite.
+    """
     with np.load(path, allow_pickle=False) as z:
         missing = [k for k in ("R", "z", "E", "F") if k not in z.files]
         if missing:
@@ -265,7 +281,7 @@ def convert(source: str, target: str, n_atoms: int | None = None, chunk: int = 5
         except KeyError as e:
             raise ConversionError(f"Unknown unit {e}; lengths: {list(LENGTH)}, energies: "
                                   f"{list(ENERGY)}.") from None
-        data = _read_npz(source, length, energy)
+        data = read_npz(source, length, energy)
     else:
         data = _read_ase(source)
     n = len(data["U"])

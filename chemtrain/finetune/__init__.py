@@ -18,8 +18,6 @@ and the model as chemtrain ``<name>.npz`` and mace-torch ``<name>.model``.
 """
 from __future__ import annotations
 
-import glob
-import hashlib
 import json
 import logging
 import os
@@ -31,165 +29,14 @@ from . import data as D
 from . import model as M
 from . import report as R
 from .cli import given, parse_args
-from ..checkpoint import why_not_writable
-from ..parallel.failures import is_raised_everywhere, raised_everywhere
+from ..parallel.failures import is_raised_everywhere
 from .data import DataError
+from .inputs import check_edges, check_plausible, load_sets
+from .resume import check_folder, check_ranks_agree, check_resumed, restore, setup_record
 
 log = logging.getLogger("chemtrain")
 
 __all__ = ["main", "run", "DataError"]
-
-
-def _check_writable(out: str) -> None:
-    """``--results_dir`` must be (or become) a folder this process can write
-    to; found before any work, not when the first file is written."""
-    if not out.strip():
-        raise DataError("--results_dir is empty; name a folder such as runs/mine.")
-    problem = why_not_writable(out)
-    if problem:
-        raise DataError(f"--results_dir {out!r} {problem}; choose another --results_dir.")
-
-
-def _check_folder(out: str, name: str, restart: bool) -> list[str]:
-    """Checkpoints to resume from; refuse a folder that holds another run."""
-    _check_writable(out)
-    earlier = sorted(glob.glob(os.path.join(out, "checkpoints", "epoch_*.npz")))
-    if restart:
-        if not earlier:
-            raise DataError(f"--restart_latest: no checkpoint in {os.path.join(out, 'checkpoints')}; "
-                            f"run without it first.")
-        return earlier
-    theirs = earlier + [p for p in (os.path.join(out, f) for f in
-                                    ("results.json", "metrics.jsonl", f"{name}.npz", f"{name}.model"))
-                        if os.path.exists(p)]
-    if theirs:
-        raise DataError(f"{out!r} holds another run ({', '.join(os.path.basename(p) for p in theirs[:4])}"
-                        f"); nothing was changed. Continue it with --restart_latest, or choose "
-                        f"another --results_dir.")
-    return []
-
-
-def _load_sets(args, weights):
-    """(sets, rows, hdf5): ``sets`` hold the raw training structures (for an
-    HDF5 training file: its training rows, read for statistics only) and the
-    validation and test sets (None where there are none); ``rows`` the split
-    of the training file; ``hdf5`` whether training reads from that file."""
-    path = args.train_file
-    hdf5 = D.kind(path) == "hdf5"
-    if hdf5:
-        import h5py
-        if not os.path.exists(path):
-            raise DataError(f"{path!r} does not exist.")
-        with h5py.File(path, "r") as f:
-            n = len(f["R"])
-    else:
-        full = D.read(path, args.energy_key, args.forces_key, args.stress_key)
-        D.check_labels(full, path, weights)
-        n = len(full["R"])
-    rows = D.split(n, args, args.valid_file is not None, args.test_file is not None)
-    pick = (lambda r: D.read_hdf5(path, r)) if hdf5 else (lambda r: D.take(full, r))
-    sets = {"training": pick(rows["training"])}
-    if hdf5:
-        D.check_labels(sets["training"], path, weights)
-    for stage, flag in (("validation", args.valid_file), ("testing", args.test_file)):
-        if flag:
-            sets[stage] = D.read(flag, args.energy_key, args.forces_key, args.stress_key)
-            D.check_labels(sets[stage], flag, weights)
-        else:
-            sets[stage] = pick(rows[stage]) if len(rows[stage]) else None
-    return sets, rows, hdf5
-
-
-def _check_plausible(args, sets: dict, rows: dict) -> None:
-    """Refuse absurd outliers (unless --allow_outliers) and warn about forces
-    too large for eV/Å."""
-    files = {"training": args.train_file, "validation": args.valid_file or args.train_file,
-             "testing": args.test_file or args.train_file}
-    found = []
-    for stage, d in sets.items():
-        if d is None:
-            continue
-        from_file = (stage == "validation" and args.valid_file) or (stage == "testing"
-                                                                    and args.test_file)
-        for text in D.outliers(d, None if from_file else rows[stage]):
-            found.append(f"{files[stage]!r} {text}")
-    if found and not args.allow_outliers:
-        raise DataError(f"{len(found)} structure(s) are absurd outliers and would wreck the fit: "
-                        f"{'; '.join(found[:5])}{' ...' if len(found) > 5 else ''}. Remove them "
-                        f"(overlapping atoms? a failed calculation?), or pass --allow_outliers to "
-                        f"train on them anyway.")
-    D.check_force_scale(sets["training"], args.train_file, log)
-
-
-def _check_edges(sample: dict, r_max: float, foundation: bool) -> None:
-    if D.mean_pairs(sample) == 0:
-        whose = "the foundation model's r_max" if foundation else "--r_max"
-        raise DataError(f"No atom of the first {len(sample['R'])} training structures has a "
-                        f"neighbour within {whose} = {r_max:g} Å, so the model would see no "
-                        f"edges. --r_max is in Å (as mace-torch's), typically 4-6; a value in "
-                        f"nm must be multiplied by 10.")
-
-
-def _setup(args, sets: dict, rows: dict, model_flags: bool) -> dict:
-    """What a resumed run must share with the run it continues, by flag."""
-    path = lambda p: None if p is None else os.path.abspath(p)  # noqa: E731
-    split = hashlib.sha256(json.dumps({k: v.tolist() for k, v in rows.items()}).encode())
-    out = {"--train_file": path(args.train_file),
-           "the content of --train_file": D.fingerprint(sets["training"]),
-           "--valid_file": path(args.valid_file), "--test_file": path(args.test_file),
-           "the content of --valid_file": args.valid_file and D.fingerprint(sets["validation"]),
-           "the content of --test_file": args.test_file and D.fingerprint(sets["testing"]),
-           "--seed": args.seed,
-           "the split (--n_train, --n_valid, --n_test, --valid_fraction, --test_fraction)":
-               split.hexdigest()[:16],
-           "--default_dtype": args.default_dtype, "--foundation_model": path(args.foundation_model),
-           "--E0s": args.E0s}
-    if model_flags:
-        out.update({f"--{k}": getattr(args, k) for k in M.SIZE_FLAGS})
-    return out
-
-
-def _check_resumed(setup: dict, record: str) -> None:
-    if not os.path.exists(record):
-        return  # a run from before setup records: nothing to compare with
-    with open(record) as f:
-        then = json.load(f)
-    changed = [f"{k} (then {then[k]!r}, now {v!r})" if k.startswith("--") else k
-               for k, v in setup.items() if k in then and then[k] != v]
-    if changed:
-        run_dir = os.path.dirname(os.path.dirname(record))
-        raise DataError(f"--restart_latest continues the run in {run_dir!r}, "
-                        f"which was started otherwise: {'; '.join(changed)}. A resumed run must "
-                        f"train the same model on the same data and split: resume with that "
-                        f"run's flags, or start a new run in another --results_dir.")
-
-
-def _check_ranks_agree(strategy, setup: dict) -> None:
-    """Every process must build the same model from the same data: each
-    reads its own copy of the files (node-local copies may differ)."""
-    everyone = [json.loads(t) for t in strategy.host_allgather_object(
-        json.dumps(setup, sort_keys=True, default=str))]
-    mine = everyone[0]
-    differ = [k for k in mine if any(e.get(k) != mine[k] for e in everyone[1:])]
-    if differ:
-        raise raised_everywhere(DataError(
-            f"The processes of this run disagree on the data, split and model set-up: "
-            f"{'; '.join(differ)} differ between processes. Every process must read the same "
-            f"files with the same flags (node-local copies must be identical)."))
-
-
-def _restore(trainer, earlier: list[str]) -> None:
-    import zipfile
-    try:
-        trainer.restore(earlier[-1])
-    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as e:
-        fix = (f"If it is damaged (e.g. a run killed while it was written), move it away; "
-               f"--restart_latest then resumes from {earlier[-2]!r}." if len(earlier) > 1 else
-               "There is no earlier checkpoint; start the run again in another --results_dir.")
-        error = DataError(f"--restart_latest cannot read the newest checkpoint {earlier[-1]!r} "
-                          f"({type(e).__name__}: {str(e)[:300]}). {fix}")
-        # read on the root and raised on every process: printed once, no abort
-        raise (raised_everywhere(error) if is_raised_everywhere(e) else error) from None
 
 
 def run(argv=None) -> dict:
@@ -242,11 +89,11 @@ def run(argv=None) -> dict:
     from ..trainers import ForceMatching
     dtype = np.float64 if args.default_dtype == "float64" else np.float32
     out = args.results_dir
-    earlier = _check_folder(out, args.name, args.restart_latest)
+    earlier = check_folder(out, args.name, args.restart_latest)
     weights = {"U": args.energy_weight, "F": args.forces_weight, "stress": args.stress_weight}
     gammas = M.gammas(args)
-    sets, rows, hdf5 = _load_sets(args, weights)
-    _check_plausible(args, sets, rows)
+    sets, rows, hdf5 = load_sets(args, weights)
+    check_plausible(args, sets, rows)
     train = sets["training"]
     everything = [s for s in sets.values() if s is not None]
     notes = []
@@ -262,9 +109,9 @@ def run(argv=None) -> dict:
     for path in (args.train_file, args.valid_file, args.test_file):
         if path:
             D.check_graph_cutoff(path, r_max * D.LENGTH)
-    sample = D.prepare(D.take(train, np.arange(min(32, len(train["R"])))), r_max * D.LENGTH,
-                       dtype, False)
-    _check_edges(sample, r_max, bool(args.foundation_model))
+    sample = D.to_model_arrays(D.take(train, np.arange(min(32, len(train["R"])))),
+                               r_max * D.LENGTH, dtype, False)
+    check_edges(sample, r_max, bool(args.foundation_model))
     if not args.foundation_model:
         z = np.unique(np.concatenate([s["species"][s["mask"].astype(bool)] for s in everything]))
         rms = float(np.sqrt(np.mean(train["F"][train["mask"].astype(bool)] ** 2))) / D.FORCE \
@@ -301,11 +148,11 @@ def run(argv=None) -> dict:
             gammas["U"] *= float(np.mean(1.0 / train["mask"].sum(1) ** 2))
         loader = HDF5ParallelDataLoader(args.train_file, keys=file_keys, rows=rows["training"],
                                         dtype=dtype)
-        prep = lambda s: D.prepare(s, r_max_nm, dtype, False)  # noqa: E731
+        prep = lambda s: D.to_model_arrays(s, r_max_nm, dtype, False)  # noqa: E731
     else:
         if "U" in gammas:
             weights_keys["U"] = "U_weight"
-        prep = lambda s: D.prepare(s, r_max_nm, dtype, True)  # noqa: E731
+        prep = lambda s: D.to_model_arrays(s, r_max_nm, dtype, True)  # noqa: E731
     ready = {stage: (prep(s) if s is not None else None) for stage, s in sets.items()
              if not (hdf5 and stage == "training")}
     test_stage = "testing" if ready.get("testing") is not None else "validation"
@@ -324,12 +171,12 @@ def run(argv=None) -> dict:
                             seed=args.seed, epoch_line=R.epoch_line(ready.get("validation")))
     root = trainer.strategy.is_root
     say = print if root else (lambda *a, **k: None)
-    setup = _setup(args, sets, rows, not args.foundation_model)
-    _check_ranks_agree(trainer.strategy, {**setup, "the model (E0s included)":
+    setup = setup_record(args, sets, rows, not args.foundation_model)
+    check_ranks_agree(trainer.strategy, {**setup, "the model (E0s included)":
                                           json.loads(cfg.to_json())})
     record = os.path.join(ckpt_dir, "setup.json")
     if earlier:
-        _check_resumed(setup, record)
+        check_resumed(setup, record)
     for note in notes:
         say(note)
     say(f"{args.train_file}: training on {n_train}, validating on "
@@ -345,7 +192,7 @@ def run(argv=None) -> dict:
         if ready.get(stage) is not None:
             trainer.set_dataset(ready[stage], stage)
     if earlier:
-        _restore(trainer, earlier)
+        restore(trainer, earlier)
         say(f"Resumed from {earlier[-1]} (epoch {trainer.epoch})")
     if root:
         os.makedirs(ckpt_dir, exist_ok=True)

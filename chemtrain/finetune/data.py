@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from .. import units
-from ..data.convert import STRESS, ConversionError, _read_npz, full_stress, read_images
+from ..data.convert import STRESS, ConversionError, read_npz, full_stress, read_images
 from ..neighbors import GRAPH_KEYS, add_graphs
 
 LENGTH, ENERGY = units.ANGSTROM_TO_NM, units.EV_TO_KJ_PER_MOL
@@ -46,7 +46,7 @@ def read(path: str, energy_key="REF_energy", forces_key="REF_forces",
             raise DataError(f"{path!r} is not an MD22/sGDML .npz (keys R, z, E, F); it has "
                             f"{files}. A chemtrain MACE model goes to --foundation_model.")
         try:
-            d = _read_npz(path, LENGTH, units.KCAL_TO_KJ)
+            d = read_npz(path, LENGTH, units.KCAL_TO_KJ)
         except (KeyError, ConversionError) as e:
             raise DataError(str(e)) from None
         d["mask"] = np.ones(d["R"].shape[:2], bool)
@@ -250,7 +250,7 @@ def split(n: int, args, has_valid_file: bool, has_test_file: bool) -> dict:
             "training": order[n_test + n_valid:n_test + n_valid + n_train]}
 
 
-def prepare(d: dict, r_max_nm: float, dtype, energy_weighting: bool) -> dict:
+def to_model_arrays(d: dict, r_max_nm: float, dtype, energy_weighting: bool) -> dict:
     """A set ready for the trainer: graphs, the training precision, the
     per-structure energy weight 1/N^2 (a per-atom energy loss, as
     mace-torch's), and only the keys the trainer should see."""

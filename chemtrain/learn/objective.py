@@ -41,7 +41,7 @@ built from these eight functions; nothing in the loop changes.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import jax
 import numpy as np

@@ -2,11 +2,12 @@
 
 Each factory returns ``fn(state, neighbor=None, energy_fn=None,
 **state_kwargs) -> array`` for ONE jax-md simulator state; vmap it over the
-snapshots of a trajectory. Structure (``structure``): ``rdf``, ``adf``.
+snapshots of a trajectory. Structure (``structure``, ``angles``): ``rdf``, ``adf``.
 Thermodynamics (``thermo``): ``pressure``, ``density``, ``potential_energy``,
 ``kinetic_energy``, ``temperature``. Units: nm, kJ/mol, amu, rad.
 """
-from .structure import ADFParams, RDFParams, adf, adf_discretization, rdf, rdf_discretization
+from .angles import ADFParams, adf, adf_discretization
+from .structure import RDFParams, rdf, rdf_discretization
 from .thermo import (AMU_PER_NM3_TO_KG_PER_M3, KJ_PER_MOL_NM3_TO_BAR, density, kinetic_energy,
                      potential_energy, pressure, temperature)
 

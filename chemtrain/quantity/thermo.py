@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from ..ensemble import energy_kwargs, volume
-from ._common import masses, snapshot_box
+from .common import masses, snapshot_box
 
 AMU_PER_NM3_TO_KG_PER_M3 = 1.66053906660
 KJ_PER_MOL_NM3_TO_BAR = 16.6053906660

@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import uuid
-import zlib
 from typing import Callable, Mapping, NoReturn
 
 import jax

@@ -10,7 +10,6 @@ import os
 import sys
 
 import jax
-import jax.numpy as jnp
 
 jax.config.update("jax_enable_x64", True)
 HERE = os.path.dirname(os.path.abspath(__file__))

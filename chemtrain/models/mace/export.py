@@ -26,7 +26,8 @@ import numpy as np
 
 from chemtrain.models.mace import model as M
 from chemtrain.models.mace.params import param_shapes
-from chemtrain.models.mace.torch_io import (UnsupportedModelError, _import_torch, config_from_torch,
+from chemtrain.models.mace.torch_files import import_torch
+from chemtrain.models.mace.torch_io import (UnsupportedModelError, config_from_torch,
                                             contraction_bases)
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ def export_mace_torch(cfg: M.MaceConfig, params, path: str, dtype=None,
         raise FileExistsError(f"{os.fspath(path)!r} exists; export_mace_torch does not write over "
                               f"it. Choose another path, or pass overwrite=True.")
     from chemtrain.checkpoint import atomic_write_bytes
-    torch = _import_torch()
+    torch = import_torch()
     model = build_torch_model(cfg, params, dtype)
     buffer = io.BytesIO()
     torch.save(model, buffer)
@@ -105,7 +106,7 @@ def build_torch_model(cfg: M.MaceConfig, params, dtype=None):
       UnsupportedModelError: if mace-torch's constructor cannot represent the
         configuration exactly, or the weights cannot be mapped exactly.
     """
-    torch = _import_torch()
+    torch = import_torch()
     leaves = _leaves(params)
     if dtype is None:
         dtype = "float32" if all(np.asarray(x).dtype == np.float32 for x in leaves) else "float64"

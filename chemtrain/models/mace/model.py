@@ -12,6 +12,10 @@ Clebsch-Gordan coefficients), so parameters of mace-torch models map onto
 these without change (except the symmetric contraction, see
 :mod:`chemtrain.models.mace.torch_io`).
 
+The irreps bookkeeping and cuequivariance descriptors are in
+:mod:`chemtrain.models.mace.descriptors`, the equivariant building blocks
+in :mod:`chemtrain.models.mace.blocks`; their public names are re-exported here.
+
 Lengths are in Angstrom and energies in eV here, as in mace-torch; the
 chemtrain energy function (:func:`chemtrain.models.mace.energy_fn_template`)
 converts.
@@ -19,15 +23,19 @@ converts.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import itertools
 import json
 import math
-from typing import Sequence
 
 import numpy as np
 import jax
 import jax.numpy as jnp
+
+from chemtrain.models.mace.blocks import (bessel,  # noqa: F401 - re-exported
+                                          element_linear, flat, linear, linear_instructions,
+                                          mlp, polynomial_cutoff, split_blocks)
+from chemtrain.models.mace.descriptors import (  # noqa: F401 - re-exported
+                                               conv_descriptor, cue_irreps,
+                                               default_method, irreps, symmetric_descriptor)
 
 RESIDUAL = "RealAgnosticResidualInteractionBlock"
 PLAIN = "RealAgnosticInteractionBlock"
@@ -173,166 +181,6 @@ class MaceConfig:
         table = np.full(119, -1, np.int32)
         table[list(self.atomic_numbers)] = np.arange(self.num_elements)
         return table
-
-
-# --------------------------------------------------------------------------
-# irreps bookkeeping (e3nn-jax) and cuequivariance descriptors
-
-def irreps(s: str):
-    import e3nn_jax as e3nn
-    return e3nn.Irreps(s)
-
-
-@functools.lru_cache(None)
-def _e3nn_o3():
-    """cuequivariance's O3 with e3nn's irrep order and coupling coefficients."""
-    import cuequivariance as cue
-    import e3nn_jax as e3nn
-
-    class O3e3nn(cue.O3):
-        # e3nn orders irreps by (l, p) and couples them with its own real
-        # Wigner 3j symbols; cue.O3 differs in both.
-        def __mul__(a, b):
-            return [O3e3nn(l=ir.l, p=ir.p) for ir in cue.O3.__mul__(a, b)]
-
-        @classmethod
-        def clebsch_gordan(cls, a, b, c):
-            a, b, c = cls._from(a), cls._from(b), cls._from(c)
-            if a.p * b.p != c.p:
-                return np.zeros((0, a.dim, b.dim, c.dim))
-            cg = np.asarray(e3nn.clebsch_gordan(a.l, b.l, c.l), dtype=np.float64)
-            return cg[None] * np.sqrt(c.dim)
-
-        def __lt__(a, b):
-            b = a._from(b)
-            return (a.l, a.p) < (b.l, b.p)
-
-        @classmethod
-        def iterator(cls):
-            for l in itertools.count(0):
-                yield O3e3nn(l=l, p=(-1) ** l)
-                yield O3e3nn(l=l, p=-((-1) ** l))
-
-    return O3e3nn
-
-
-def cue_irreps(s: str):
-    import cuequivariance as cue
-    return cue.Irreps(_e3nn_o3(), str(irreps(s)))
-
-
-@functools.lru_cache(None)
-def conv_descriptor(edge_irreps: str, sh_irreps: str, target_irreps: str):
-    """Channel-wise tensor product (weights per edge); output irreps sorted as
-    mace-torch's ``tp_out_irreps_with_instructions`` sorts them."""
-    import cuequivariance as cue
-    target = [ir for _, ir in cue_irreps(target_irreps)]
-    d = cue.descriptors.channelwise_tensor_product(
-        cue_irreps(edge_irreps), cue_irreps(sh_irreps), target)
-    return d.polynomial, _e3nn_irreps_string(d.outputs[0].irreps)
-
-
-def _e3nn_irreps_string(cirreps) -> str:
-    return "+".join(f"{mul}x{ir.l}{'e' if ir.p == 1 else 'o'}" for mul, ir in cirreps)
-
-
-@functools.lru_cache(None)
-def symmetric_descriptor(in_irreps: str, out_irreps: str, correlation: int):
-    import cuequivariance as cue
-    d = cue.descriptors.symmetric_contraction(
-        cue_irreps(in_irreps), cue_irreps(out_irreps), tuple(range(1, correlation + 1)))
-    return d.polynomial
-
-
-def default_method() -> str:
-    """cuequivariance-jax execution method: the CUDA kernel on a GPU when its
-    package (cuequivariance-ops-jax-cu12/cu13) is installed, plain JAX
-    elsewhere."""
-    if jax.default_backend() != "gpu":
-        return "naive"
-    import importlib.util
-    return "uniform_1d" if importlib.util.find_spec("cuequivariance_ops_jax") else "naive"
-
-
-# --------------------------------------------------------------------------
-# equivariant building blocks on lists of (n, dim, mul) blocks
-
-def split_blocks(x, irreps_s: str):
-    """Flat ir_mul array (n, dim) -> list of (n, ir.dim, mul) blocks."""
-    out, i = [], 0
-    for mul, ir in irreps(irreps_s):
-        out.append(x[:, i:i + mul * ir.dim].reshape(x.shape[0], ir.dim, mul))
-        i += mul * ir.dim
-    return out
-
-
-def flat(blocks):
-    return jnp.concatenate([b.reshape(b.shape[0], -1) for b in blocks], axis=1)
-
-
-def linear_instructions(irreps_in: str, irreps_out: str):
-    """(i_in, i_out) pairs of e3nn's ``o3.Linear``, in its weight order."""
-    a, b = irreps(irreps_in), irreps(irreps_out)
-    return [(i, j) for i, (_, ir_i) in enumerate(a) for j, (_, ir_j) in enumerate(b) if ir_i == ir_j]
-
-
-def _path_sum(weights: Sequence, blocks, irreps_in: str, irreps_out: str, product, fan_factor=1):
-    """Each output block: the sum over e3nn's linear paths (:func:`linear_instructions`)
-    of ``product(input block, path weight)``, over sqrt(fan-in); zeros where
-    no path arrives."""
-    a, b = irreps(irreps_in), irreps(irreps_out)
-    instr = linear_instructions(irreps_in, irreps_out)
-    n = blocks[0].shape[0]
-    out = []
-    for j, (mul_j, ir_j) in enumerate(b):
-        terms = [(w, i) for w, (i, jj) in zip(weights, instr) if jj == j]
-        if not terms:
-            out.append(jnp.zeros((n, ir_j.dim, mul_j), blocks[0].dtype))
-            continue
-        fan = sum(a[i].mul * fan_factor for _, i in terms)
-        out.append(sum(product(blocks[i], w) for w, i in terms) / math.sqrt(fan))
-    return out
-
-
-def linear(weights: Sequence, blocks, irreps_in: str, irreps_out: str):
-    """e3nn ``o3.Linear`` (no biases): each output block sums the matching
-    input blocks times a (mul_in, mul_out) matrix, over sqrt(fan-in)."""
-    return _path_sum(weights, blocks, irreps_in, irreps_out, lambda x, w: x @ w)
-
-
-def element_linear(weights: Sequence, blocks, element, irreps_in: str, irreps_out: str,
-                   num_elements: int):
-    """Element-dependent linear map: e3nn's ``FullyConnectedTensorProduct``
-    of the features with the one-hot element (mace-torch's ``skip_tp``), on
-    the paths of :func:`linear`; each weight has shape
-    (mul_in, num_elements, mul_out)."""
-    # gather each atom's (mul_in, mul_out) matrix: cost independent of the
-    # number of elements the model knows
-    return _path_sum(weights, blocks, irreps_in, irreps_out,
-                     lambda x, w: jnp.einsum("ndu,nuw->ndw", x, jnp.moveaxis(w[:, element, :], 1, 0)),
-                     fan_factor=num_elements)
-
-
-def mlp(weights: Sequence, x, act_constant: float):
-    """e3nn ``FullyConnectedNet``: no biases, weights over sqrt(fan-in),
-    SiLU rescaled to unit second moment, none after the last layer."""
-    for k, w in enumerate(weights):
-        x = x @ w / math.sqrt(w.shape[0])
-        if k < len(weights) - 1:
-            x = act_constant * jax.nn.silu(x)
-    return x
-
-
-def polynomial_cutoff(r, r_max, p):
-    x = r / r_max
-    env = (1.0 - (p + 1.0) * (p + 2.0) / 2.0 * x ** p + p * (p + 2.0) * x ** (p + 1)
-           - p * (p + 1.0) / 2.0 * x ** (p + 2))
-    return jnp.where(r < r_max, env, 0.0)
-
-
-def bessel(r, r_max, n):
-    w = jnp.pi / r_max * jnp.arange(1, n + 1, dtype=r.dtype)
-    return math.sqrt(2.0 / r_max) * jnp.sin(w * r[:, None]) / r[:, None]
 
 
 # --------------------------------------------------------------------------
