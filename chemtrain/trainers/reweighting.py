@@ -23,41 +23,24 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from ..learn.difftre import scaled_params
 from ..learn.difftre_batches import as_key, statepoint_batches
 from ..learn.objective import Objective
 from ..learn.reuse import check_reuse
 from ..learn.statepoint import StatePoint, check_plot_x, fingerprint, make_statepoint
-from ..learn.update import StepSizeSearch
-from ..parallel import agree, make_strategy, raised_everywhere
+from ..parallel import make_strategy, on_root, raised_everywhere
 from ..simulate.restart import RestartPolicy
 from . import reweighting_files as files
 from .checkpoints import CheckpointStore
 from .report import Reporter, check_epochs, close_epoch
-from .reweighting_update import apply_update
-from .services import collective, init_state
+from .reweighting_update import (Loop, TimedCollectives, UpdateRefused, apply_update,
+                                 check_arguments, policies, reuses_of)
+from .services import check_consistency, collective, init_state
 from .state import DifftreState, HoldsState
 from .trajectories import TrajectoryStore
 
 log = logging.getLogger("chemtrain")
-
-
-def _policy(step_size_search, restart):
-    if step_size_search is True:
-        step_size_search = StepSizeSearch()
-    if step_size_search is False:
-        step_size_search = None
-    if step_size_search is not None and not isinstance(step_size_search, StepSizeSearch):
-        raise TypeError(f"step_size_search must be a chemtrain.learn.StepSizeSearch(candidates, "
-                        f"allowed_reduction), True (its defaults) or None, got "
-                        f"{type(step_size_search).__name__}.")
-    restart = RestartPolicy() if restart is None else restart
-    if not isinstance(restart, RestartPolicy):
-        raise TypeError(f"restart must be a chemtrain.simulate.RestartPolicy(capacity_multiplier, "
-                        f"max_retries) or None, got {type(restart).__name__}.")
-    return step_size_search, restart
 
 
 class Reweighting(HoldsState):
@@ -109,22 +92,9 @@ class Reweighting(HoldsState):
                  log_file: str | None = None, plot_file: str | None = None, plot_x=None,
                  progress: bool = True, consistency_check_every: int | None = None,
                  name: str = "reweighting", on_update=None):
-        if not isinstance(objective, Objective):
-            raise TypeError(f"objective must be a chemtrain.learn.Objective, got "
-                            f"{type(objective).__name__}.")
-        missing = [k for k in objective.numbers if not hasattr(state_class, "__dataclass_fields__")
-                   or k not in state_class.__dataclass_fields__]
-        if missing:
-            raise TypeError(f"state_class {state_class.__name__} has no field {missing} for the "
-                            f"objective's numbers.")
+        check_arguments(objective, state_class, optimizer, on_update)
         check_reuse(reweight_ratio, max_reuse_se, max_reuses)
-        self.step_size_search, self.restart = _policy(step_size_search, restart)
-        if on_update is not None and not callable(on_update):
-            raise TypeError(f"on_update must be a function of one record (a dict), got "
-                            f"{type(on_update).__name__}.")
-        if not isinstance(optimizer, optax.GradientTransformation):
-            raise TypeError(f"optimizer must be an optax.GradientTransformation, got "
-                            f"{type(optimizer).__name__}.")
+        self.step_size_search, self.restart = policies(step_size_search, restart)
         statepoint_batches(max(1, sim_batch_size), sim_batch_size)  # type/range check
         self.objective, self.trainer_name, self.state_class = objective, trainer_name, state_class
         self.strategy = make_strategy(parallelism, allow_jax=False, trainer=trainer_name)
@@ -155,9 +125,10 @@ class Reweighting(HoldsState):
         self.statepoints: list[StatePoint] = []
         self.trajectories = TrajectoryStore(self.strategy, self.restart)
         self.predictions: dict[int, dict] = {}
-        self._comm_s = self._wait_s = 0.0  # this epoch: exchanges, waiting for others
-        self._mid_epoch = False  # an update of an epoch failed: no resumable checkpoint
-        self._stopped = None     # why the epoch stopped: ("failed"|"callback", update, ...)
+        self.comm = TimedCollectives(self.strategy)
+        # why the running epoch stopped (None: none runs or it completed), for
+        # save_checkpoint: ("failed" | "callback" | "interrupted", update, ...)
+        self._stopped = None
         self._in_callback = False
         self._apply = jax.jit(scaled_params)
         self._opt_update = jax.jit(optimizer.update)
@@ -199,15 +170,8 @@ class Reweighting(HoldsState):
         n = self.n_statepoints
         grown = {k: [*getattr(self.state, k), *[v] * (n - len(getattr(self.state, k)))]
                  for k, v in self.objective.numbers.items()}
-        self.state = self.state.replace(reuses=self._reuses(), **grown)
+        self.state = self.state.replace(reuses=reuses_of(self.state, n), **grown)
         return sp
-
-    def _reuses(self) -> list:
-        """Per state point, the updates that reused its trajectory since it
-        was sampled (0 where a checkpoint of an older version had none)."""
-        known = list(self.state.reuses)
-        return [int(c) for c in known[:self.n_statepoints]] + \
-            [0] * max(0, self.n_statepoints - len(known))
 
     def batches(self) -> list[list[int]]:
         """The state points of each update of an epoch. Its errors depend only
@@ -225,9 +189,6 @@ class Reweighting(HoldsState):
                 f"state points."))
         return batches
 
-    def _local(self, batch):
-        return [batch[j] for j in self.strategy.local_items(len(batch))]
-
     def _check_statepoints(self, what: str) -> None:
         """Fail on every process unless all were given the same state points
         (count, shapes, checksums of state_kwargs, reference states, targets
@@ -239,26 +200,13 @@ class Reweighting(HoldsState):
                                  f"the state points ({what}: their number, shapes and a checksum "
                                  f"of state_kwargs, reference states and targets)")
 
-    def _exchange(self, new: dict) -> dict:
-        started = time.perf_counter()
-        out = self.trajectories.exchange(self.statepoints, self.params, new)
-        self._comm_s += time.perf_counter() - started
-        return out
-
-    def _agree(self, compute, what):
-        """:func:`agree` on ``compute``, timing the wait for the others."""
-        done = []
-
-        def timed():
-            result = jax.block_until_ready(compute())  # time the work, not its dispatch
-            done.append(time.perf_counter())
-            return result
-        result = agree(self.strategy, timed, what)
-        self._wait_s += time.perf_counter() - done[0]
-        return result
-
     def _check(self, sp, trajs) -> None:
         self.objective.check(sp, self.params, trajs)
+
+    def _loop(self) -> Loop:
+        return Loop(self.objective, tuple(self.statepoints), self.trajectories, self.comm,
+                    self.key, (self.reweight_ratio, self.max_reuse_se, self.max_reuses),
+                    self.step_size_search, self._opt_update, self._apply)
 
     # -- sampling ---------------------------------------------------------------
     @collective
@@ -275,7 +223,7 @@ class Reweighting(HoldsState):
         self._check_statepoints("initialize_trajstates")
         base = jax.random.fold_in(self.key, 1)
         chosen = [i for i in range(self.n_statepoints) if statepoints is None or i in statepoints]
-        mine = self._local(chosen)
+        mine = self._loop().local(chosen)
 
         def compute():
             bar = self.reporter.bar(len(mine) * num_runs, "initial trajectories")
@@ -284,9 +232,10 @@ class Reweighting(HoldsState):
             bar.close()
             return new
 
-        self.trajectories.put(self._exchange(self._agree(compute,
-                                                         "sampling initial trajectories")))
-        reuses = self._reuses()
+        new = self.comm.agree(compute, "sampling initial trajectories")
+        self.trajectories.put(self.comm.timed(self.trajectories.exchange, self.statepoints,
+                                              self.params, new))
+        reuses = reuses_of(self.state, self.n_statepoints)
         for i in chosen:
             reuses[i] = 0   # a fresh trajectory
         self.state = self.state.replace(init_runs=num_runs, reuses=reuses)
@@ -310,8 +259,9 @@ class Reweighting(HoldsState):
         batches = self.batches()
         epochs = self.reporter.epochs(self.epoch, max_epochs)
         for epoch in epochs:
-            started, self._comm_s, self._wait_s = time.perf_counter(), 0.0, 0.0
-            self._mid_epoch, self._stopped = True, None
+            started = time.perf_counter()
+            self.comm.reset()
+            self._stopped = ("interrupted", self.update_count)
             bar = self.reporter.bar(len(batches), f"epoch {epoch}")
             per_sp, step_sizes, norms = {}, [], []
             for batch in batches:
@@ -322,7 +272,7 @@ class Reweighting(HoldsState):
                 bar.set_postfix(loss=f"{result['loss']:.4g}")
                 bar.update()
             bar.close()
-            self._mid_epoch = False
+            self._stopped = None
             loss = float(np.mean([per_sp[i]["loss"] for i in sorted(per_sp)]))
             record = {"epoch": epoch, "update": self.update_count, "loss": loss,
                       "step_sizes": step_sizes, "grad_norms": norms,
@@ -330,54 +280,98 @@ class Reweighting(HoldsState):
             n_re = sum(r["recomputed"] for r in record["statepoints"])
             text = (f"epoch {epoch}: loss {loss:.5g}, {n_re} of {len(per_sp)} state point(s) "
                     f"recomputed, min N_eff {min(r['n_eff'] for r in record['statepoints']):.1f}")
-            record["comm_s"] = self.strategy.host_max(self._comm_s)
-            record["wait_s"] = self.strategy.host_max(self._wait_s)
+            record["comm_s"] = self.strategy.host_max(self.comm.comm_s)
+            record["wait_s"] = self.strategy.host_max(self.comm.wait_s)
             close_epoch(self.strategy, self.reporter, record, text, epochs, started,
                         loss=f"{loss:.4g}")
             self.state = self.state.replace(epoch=epoch + 1,
                                             epoch_losses=[*self.state.epoch_losses, loss],
                                             history=[*self.state.history, record])
             if checkpoint_freq and self.epoch % checkpoint_freq == 0:
-                self.store.save_epoch(self.epoch, *files.capture(self))
+                self.store.save_epoch(self.epoch, *self._capture())
         if self.plot_file:
             self.plot(self.plot_file)
 
     def _update(self, batch, epoch):
-        return apply_update(self, batch, epoch)
+        try:
+            state, report, predictions = apply_update(self._loop(), self.state, batch, epoch)
+        except UpdateRefused as e:
+            self._stopped = ("failed", self.update_count)
+            trees, meta = self._capture(with_trajstates=False)
+            self.store.fail(str(e), trees, dict(meta, failed_epoch=epoch),
+                            name=f"{self.name}_error_state")
+        self.state, before = state, report.pop("params_before")
+        self._stopped = ("interrupted", self.update_count)
+        self.predictions.update(predictions)
+        every = self.consistency_check_every
+        if every and self.update_count % every == 0:
+            self.check_consistency()
+        if self.on_update is not None:
+            self._call_on_update({"update": self.update_count - 1, "epoch": epoch,
+                                  "batch": list(batch), "params_before": before,
+                                  "params_after": state.params, "loss": report["loss"],
+                                  "step_size": report["step_size"],
+                                  "statepoints": report["statepoints"]})
+        return report
 
-    def _fail(self, message, epoch):
-        self._stopped = ("failed", self.update_count)
-        trees, meta = files.capture(self, with_trajstates=False)
-        self.store.fail(message, trees, dict(meta, failed_epoch=epoch),
-                        name=f"{self.name}_error_state")
+    def _call_on_update(self, record) -> None:
+        self._in_callback = True
+        try:
+            self.on_update(record)
+        except Exception as e:
+            self._stopped = ("callback", record["update"], type(e).__name__)
+            e.add_note(f"(raised by on_update after update {record['update']}, which was "
+                       f"applied)")
+            raise
+        finally:
+            self._in_callback = False
+
+    def _capture(self, with_trajstates: bool = True):
+        return files.capture(self.store, self.state, self.trajectories, self.statepoints,
+                             {"reweight_ratio": self.reweight_ratio,
+                              "max_reuse_se": self.max_reuse_se, "max_reuses": self.max_reuses,
+                              "n_statepoints": self.n_statepoints,
+                              "sim_batch_size": self.sim_batch_size}, with_trajstates)
 
     # -- files (chemtrain.trainers.reweighting_files) -------------------------
     @collective
     def check_consistency(self) -> None:
         """Raise ``TrainingError`` naming the first leaf of parameters or
         optimizer state whose replicas differ between processes."""
-        files.check_replicas(self)
+        check_consistency(self.strategy, self.store.host(self.state)[0], self.update_count)
 
     @collective
     def save_checkpoint(self, path: str) -> None:
         """Write parameters, optimizer state, histories and the trajectory
         states to ``path`` (plain data, atomic, root process). Call it on
         every process, after a completed epoch."""
-        files.save_checkpoint(self, path)
+        problem = files.why_not_resumable(self.epoch, self._in_callback, self._stopped,
+                                          self.store.folder)
+        if problem:
+            raise RuntimeError(problem)
+        self.store.save(path, *self._capture())
 
     @collective
     def restore(self, path: str, trajstates: bool = True) -> None:
         """Continue from a checkpoint of this trainer (same state points and
         sim_batch_size); also load its trajectory states unless
         ``trajstates=False``."""
-        files.restore(self, path, trajstates)
+        state, meta = self.store.restore(
+            path, self.state, {"n_shards": self.strategy.n_shards,
+                               "n_statepoints": self.n_statepoints,
+                               "sim_batch_size": self.sim_batch_size})
+        self.state = jax.tree.map(jnp.asarray, state)  # uncommitted, as trained ones
+        self._stopped = None
+        if trajstates and meta.get("trajstates"):
+            self.load_trajstates(path)
 
     @collective
     def save_trajstates(self, path: str, overwrite: bool = False) -> None:
         """Write the trajectory states (plain-data npz, root process). An
         existing file is replaced only if it holds this run's trajectory
         states, or with ``overwrite=True``."""
-        files.save_trajstates(self, path, overwrite)
+        files.save_trajstates(self.store, self.trajectories, self.statepoints, self.epoch, path,
+                              overwrite)
 
     @collective
     def load_trajstates(self, path: str) -> None:
@@ -394,4 +388,7 @@ class Reweighting(HoldsState):
         """Write the objective's plot (DiffTRe: predictions against targets
         per state point; relative entropy: its change, the gradient norm and
         N_eff / N per update) into ``path``."""
-        files.plot(self, path)
+        if self.objective.plot is None:
+            raise RuntimeError(f"The objective {self.objective.name!r} has no plot.")
+        on_root(self.strategy, lambda: self.objective.plot(
+            self.statepoints, self.history, self.predictions, self.plot_x, path), only_root=True)

@@ -1,159 +1,277 @@
-"""One update of the reweighting loop (:class:`~.reweighting.Reweighting`),
-as functions of the trainer: this process's state points (reused or
-recomputed trajectories, the objective's results), the sum of the
-objective's contributions over processes, the checks and the step of
-:mod:`chemtrain.learn.update`, the objective's numbers after the step and
-the ``on_update`` callback."""
+"""One update of the reweighting loop (:class:`~.reweighting.Reweighting`)
+with explicit inputs and outputs: :func:`apply_update` takes the loop's
+fixed parts (:class:`Loop`) and the trainer's state and returns the next
+state, with nothing read from or written to the trainer. It computes this
+process's state points (reused or recomputed trajectories, the objective's
+results), sums the objective's contributions over processes, checks the
+update and takes the step with the pure functions of
+:mod:`chemtrain.learn.update`, and asks the objective for its numbers after
+the step. An update that must not be applied raises :class:`UpdateRefused`,
+which the loop turns into its error state. Also the policies' checks and
+:class:`TimedCollectives`, the timed collectives of an epoch."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from ..learn import update as upd
 from ..learn.diagnose import all_finite
 from ..learn.difftre_batches import statepoint_key, train_key
+from ..learn.objective import Objective
 from ..learn.reuse import independent_samples, needs_recompute, reuse_distance
+from ..learn.update import StepSizeSearch
+from ..parallel import agree
+from ..simulate.restart import RestartPolicy
 from ..simulate.trajectory import NeighborListOverflowError, SimulationError
+from .trajectories import TrajectoryStore
 
 log = logging.getLogger("chemtrain")
+
+
+class UpdateRefused(Exception):
+    """An update that must not be applied, with the reason (raised on every
+    process alike: the decision is made on values summed over them)."""
+
+
+def check_arguments(objective, state_class, optimizer, on_update) -> None:
+    """TypeError unless ``objective`` is an :class:`~chemtrain.learn.Objective`
+    whose numbers ``state_class`` has fields for, ``optimizer`` an optax
+    ``GradientTransformation`` and ``on_update`` None or callable."""
+    if not isinstance(objective, Objective):
+        raise TypeError(f"objective must be a chemtrain.learn.Objective, got "
+                        f"{type(objective).__name__}.")
+    missing = [k for k in objective.numbers if not hasattr(state_class, "__dataclass_fields__")
+               or k not in state_class.__dataclass_fields__]
+    if missing:
+        raise TypeError(f"state_class {state_class.__name__} has no field {missing} for the "
+                        f"objective's numbers.")
+    if on_update is not None and not callable(on_update):
+        raise TypeError(f"on_update must be a function of one record (a dict), got "
+                        f"{type(on_update).__name__}.")
+    if not isinstance(optimizer, optax.GradientTransformation):
+        raise TypeError(f"optimizer must be an optax.GradientTransformation, got "
+                        f"{type(optimizer).__name__}.")
+
+
+def policies(step_size_search, restart) -> tuple[StepSizeSearch | None, RestartPolicy]:
+    """The loop's step-size search and restart policy from what a user
+    passes: a :class:`StepSizeSearch`, True (its defaults) or None/False;
+    a :class:`RestartPolicy` or None (its defaults). TypeError otherwise."""
+    if step_size_search is True:
+        step_size_search = StepSizeSearch()
+    if step_size_search is False:
+        step_size_search = None
+    if step_size_search is not None and not isinstance(step_size_search, StepSizeSearch):
+        raise TypeError(f"step_size_search must be a chemtrain.learn.StepSizeSearch(candidates, "
+                        f"allowed_reduction), True (its defaults) or None, got "
+                        f"{type(step_size_search).__name__}.")
+    restart = RestartPolicy() if restart is None else restart
+    if not isinstance(restart, RestartPolicy):
+        raise TypeError(f"restart must be a chemtrain.simulate.RestartPolicy(capacity_multiplier, "
+                        f"max_retries) or None, got {type(restart).__name__}.")
+    return step_size_search, restart
+
+
+class TimedCollectives:
+    """A process's collectives during an epoch, timed: ``comm_s`` spent in
+    exchanges and sums, ``wait_s`` waiting for the other processes' work
+    (:meth:`agree`). :meth:`reset` at the start of each epoch."""
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+        self.reset()
+
+    def reset(self) -> None:
+        self.comm_s = self.wait_s = 0.0
+
+    def agree(self, compute: Callable, what: str):
+        """``compute()`` on every process; if it raises on any, it raises on
+        all (:func:`chemtrain.parallel.agree`)."""
+        done = []
+
+        def timed():
+            result = jax.block_until_ready(compute())  # time the work, not its dispatch
+            done.append(time.perf_counter())
+            return result
+        result = agree(self.strategy, timed, what)
+        self.wait_s += time.perf_counter() - done[0]
+        return result
+
+    def timed(self, fn: Callable, *args):
+        """``fn(*args)``, a collective, its time counted in ``comm_s``."""
+        started = time.perf_counter()
+        out = fn(*args)
+        self.comm_s += time.perf_counter() - started
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+    """What an update reads besides the state: the loop's fixed parts.
+
+    Attributes:
+      objective: the :class:`~chemtrain.learn.Objective`.
+      statepoints: the state points, in order.
+      trajectories: the :class:`~.trajectories.TrajectoryStore` (the
+        update replaces recomputed trajectories in it once it is applied).
+      comm: the epoch's :class:`TimedCollectives`.
+      key: the run's random key.
+      reuse: ``(reweight_ratio, max_reuse_se, max_reuses)``, the reuse rule.
+      step_size_search: a :class:`StepSizeSearch` or None.
+      opt_update: the optimizer's compiled ``update``.
+      apply: compiled ``(params, updates, scale) -> params``.
+    """
+
+    objective: Objective
+    statepoints: tuple
+    trajectories: TrajectoryStore
+    comm: TimedCollectives
+    key: object
+    reuse: tuple
+    step_size_search: StepSizeSearch | None
+    opt_update: Callable
+    apply: Callable
+
+    def local(self, batch) -> list:
+        """The state points of ``batch`` this process computes."""
+        return [batch[j] for j in self.comm.strategy.local_items(len(batch))]
+
+
+def reuses_of(state, n: int) -> list:
+    """Per state point, the updates that reused its trajectory since it was
+    sampled (0 where a checkpoint of an older version had none)."""
+    known = list(state.reuses)
+    return [int(c) for c in known[:n]] + [0] * max(0, n - len(known))
 
 
 def _norm(tree) -> float:
     return math.sqrt(sum(float(np.sum(np.square(g))) for g in jax.tree.leaves(tree)))
 
 
-def _inputs_key(trainer, index):
-    update = trainer.update_count
-    return lambda stream: statepoint_key(jax.random.fold_in(trainer.key, stream), index, update)
-
-
-def local_results(trainer, local, params):
-    """The objective's result for ``trainer``'s state points ``local`` (this
-    process's), recomputing a trajectory where the reuse rule says so;
-    returns (results, inputs, new trajectories)."""
+def local_results(loop: Loop, state, local, params):
+    """The objective's result for this process's state points ``local``,
+    recomputing a trajectory where the reuse rule says so; returns
+    (results, inputs, new trajectories)."""
     out, inputs, new = {}, {}, {}
-    objective = trainer.objective
+    objective, reuses = loop.objective, reuses_of(state, len(loop.statepoints))
+    ratio, max_se, max_reuses = loop.reuse
     for i in local:
-        sp, trajs = trainer.statepoints[i], trainer.trajstates[i]
-        inputs[i] = objective.inputs(sp, _inputs_key(trainer, i))
-        derived = trainer.trajectories.derived_of(objective, sp, params)
+        sp, trajs = loop.statepoints[i], loop.trajectories.states[i]
+        inputs[i] = objective.inputs(sp, lambda stream, i=i: statepoint_key(
+            jax.random.fold_in(loop.key, stream), i, state.update_count))
+        derived = loop.trajectories.derived_of(objective, sp, params)
         result = objective.result(sp, params, trajs, derived, inputs[i])
         n_eff_start = float(result["aux"]["n_eff"])
         n_indep = independent_samples([np.asarray(t.U_ref) for t in trajs])
         distance = reuse_distance(n_eff_start, sp.n_snapshots, n_indep)
-        recompute = needs_recompute(n_eff_start, sp.n_snapshots, trainer.reweight_ratio,
-                                    n_indep, trainer.max_reuse_se, trainer._reuses()[i],
-                                    trainer.max_reuses)
+        recompute = needs_recompute(n_eff_start, sp.n_snapshots, ratio, n_indep, max_se,
+                                    reuses[i], max_reuses)
         if recompute:
-            keys = [train_key(trainer.key, i, trainer.update_count, c) for c in range(len(trajs))]
-            trajs = new[i] = trainer.trajectories.run(sp, params, trajs, keys)
+            keys = [train_key(loop.key, i, state.update_count, c) for c in range(len(trajs))]
+            trajs = new[i] = loop.trajectories.run(sp, params, trajs, keys)
             result = objective.result(sp, params, trajs, objective.derive(sp, params, trajs),
                                       inputs[i])
         out[i] = dict(result, n_eff_start=n_eff_start, recomputed=recompute,
                       n_independent=n_indep, reuse_se=distance)
     return out, inputs, new
 
-def apply_update(trainer, batch, epoch):
-    """One update over the state points ``batch``: each process computes
-    its own, the objective's contributions are summed over processes,
-    and the pure functions of :mod:`chemtrain.learn.update` decide and
-    scale the step."""
-    params, local = trainer.params, trainer._local(batch)
-    where = f"update {trainer.update_count} (epoch {epoch}, state points {batch})"
-    try:
-        out, inputs, new = trainer._agree(lambda: local_results(trainer, local, params),
-                                          f"computing update {trainer.update_count}")
-    except (NeighborListOverflowError, SimulationError) as e:
-        trainer._fail(f"{type(e).__name__}: {e}", epoch)
-    new = trainer._exchange(new)
-    mine = trainer.objective.contributions(batch, trainer.statepoints,
-                                           {i: upd.host64(o) for i, o in out.items()},
-                                           upd.host64(params))
-    started = time.perf_counter()
-    summed = trainer.strategy.host_sum(mine)
-    trainer._comm_s += time.perf_counter() - started
-    grads = upd.mean_gradient(summed)
+
+def _refusal(loop: Loop, summed, batch, where, local, out, new, params) -> str | None:
+    """Why the summed update must not be applied (with the likely cause of a
+    non-finite result, gathered from the processes that computed it)."""
     problem = upd.failure(summed, batch, where)
+    if problem and not np.any(summed["nbr_overflow"]):   # non-finite: say why, where known
+        notes = loop.comm.strategy.host_allgather_object(
+            [n for i in local if not upd.finite(out[i])
+             for n in upd.diagnosis(loop.statepoints[i], params,
+                                    new.get(i, loop.trajectories.states[i]), out[i])])
+        notes = list(dict.fromkeys(n for part in notes for n in part))
+        problem += "".join(f" Likely cause: {n}" for n in notes)
+    return problem
+
+
+def apply_update(loop: Loop, state, batch, epoch: int):
+    """One update over the state points ``batch``.
+
+    Returns:
+      ``(state, report, predictions)``: the next state, the update's report
+      (``loss``, ``step_size``, ``grad_norm``, per-state-point ``statepoints``
+      records and ``params_before``) and the objective's predictions of the
+      batch's state points (state point -> predictions, where it has any).
+      Recomputed trajectories are in ``loop.trajectories``.
+
+    Raises:
+      UpdateRefused: a simulation failed, the summed result is not finite
+        or overflowed a neighbor list, or the step gives non-finite
+        parameters; nothing was changed.
+    """
+    params, local, comm = state.params, loop.local(batch), loop.comm
+    where = f"update {state.update_count} (epoch {epoch}, state points {batch})"
+    try:
+        out, inputs, new = comm.agree(lambda: local_results(loop, state, local, params),
+                                      f"computing update {state.update_count}")
+    except (NeighborListOverflowError, SimulationError) as e:
+        raise UpdateRefused(f"{type(e).__name__}: {e}") from e
+    new = comm.timed(loop.trajectories.exchange, loop.statepoints, params, new)
+    mine = loop.objective.contributions(batch, loop.statepoints,
+                                        {i: upd.host64(o) for i, o in out.items()},
+                                        upd.host64(params))
+    summed = comm.timed(comm.strategy.host_sum, mine)
+    grads = upd.mean_gradient(summed)
+    problem = _refusal(loop, summed, batch, where, local, out, new, params)
     if problem:
-        if not np.any(summed["nbr_overflow"]):   # non-finite: say why, where known
-            notes = trainer.strategy.host_allgather_object(
-                [n for i in local if not upd.finite(out[i])
-                 for n in upd.diagnosis(trainer.statepoints[i], params,
-                                        new.get(i, trainer.trajstates[i]), out[i])])
-            notes = list(dict.fromkeys(n for part in notes for n in part))
-            problem += "".join(f" Likely cause: {n}" for n in notes)
-        trainer._fail(problem, epoch)
+        raise UpdateRefused(problem)
     grads = jax.tree.map(lambda g, p: jnp.asarray(g, jnp.asarray(p).dtype), grads, params)
-    updates, opt_state = trainer._opt_update(grads, trainer.opt_state, params)
-    trajs = {i: new.get(i, trainer.trajstates[i]) for i in local}
-    scale = 1.0
-    if trainer.step_size_search is not None:
-        search = trainer.step_size_search
+    updates, opt_state = loop.opt_update(grads, state.opt_state, params)
+    trajs = {i: new.get(i, loop.trajectories.states[i]) for i in local}
+    scale, search = 1.0, loop.step_size_search
+    if search is not None:
         scale, found = upd.step_size(
-            [trainer.statepoints[i] for i in local], [trajs[i] for i in local],
+            [loop.statepoints[i] for i in local], [trajs[i] for i in local],
             [float(out[i]["aux"]["n_eff"]) for i in local], params, updates,
-            search.scales, search.allowed_reduction, trainer.strategy.host_sum)
+            search.scales, search.allowed_reduction, comm.strategy.host_sum)
         if not found:
             log.warning("Even a step scaled by %g reduces N_eff below %g of its value; "
                         "taking it.", scale, search.allowed_reduction)
-    new_params = trainer._apply(params, updates, scale)
+    new_params = loop.apply(params, updates, scale)
     if not bool(all_finite((new_params, opt_state))):
         # e.g. a finite gradient of 1e22 overflows Adam's float32 second
         # moment: every later step would be 0 and training silently stop
-        trainer._fail(f"The update gives non-finite parameters or optimizer state in {where}, "
-                      f"from a finite loss and a gradient of norm {_norm(grads):.3g}: a "
-                      f"learning rate or schedule that gives NaN, or a gradient so large that "
-                      f"the optimizer's moments overflow, as from a configuration where the "
-                      f"potential is enormous (overlapping particles).", epoch)
-    trainer.trajectories.put(new)
-    reuses = trainer._reuses()
+        raise UpdateRefused(
+            f"The update gives non-finite parameters or optimizer state in {where}, from a "
+            f"finite loss and a gradient of norm {_norm(grads):.3g}: a learning rate or "
+            f"schedule that gives NaN, or a gradient so large that the optimizer's moments "
+            f"overflow, as from a configuration where the potential is enormous (overlapping "
+            f"particles).")
+    loop.trajectories.put(new)
+    reuses = reuses_of(state, len(loop.statepoints))
     for j, i in enumerate(batch):
         reuses[i] = 0 if summed["recomputed"][j] else reuses[i] + 1
     after = np.zeros(len(batch))
-    if trainer.objective.after is not None:
+    if loop.objective.after is not None:
         def compute():
             mine = np.zeros(len(batch))
             for j, i in enumerate(batch):
                 if i in out:
-                    mine[j] = trainer.objective.after(trainer.statepoints[i], params,
-                                                      new_params, trajs[i], out[i], inputs[i])
+                    mine[j] = loop.objective.after(loop.statepoints[i], params, new_params,
+                                                   trajs[i], out[i], inputs[i])
             return mine
-        after = trainer.strategy.host_sum(trainer._agree(
-            compute, f"the objective's numbers after update {trainer.update_count}"))
-    numbers = {k: list(getattr(trainer.state, k)) for k in trainer.objective.numbers}
-    numbers, loss, records = trainer.objective.records(numbers, summed, after, batch,
-                                                       trainer.statepoints, trainer.update_count)
-    if "pred" in summed:
-        trainer.predictions.update(zip(batch, summed["pred"]))
-    trainer.state = trainer.state.replace(params=new_params, opt_state=opt_state, reuses=reuses,
-                                          update_count=trainer.state.update_count + 1,
-                                          update_losses=[*trainer.state.update_losses, loss],
-                                          **numbers)
-    every = trainer.consistency_check_every
-    if every and trainer.update_count % every == 0:
-        trainer.check_consistency()
-    if trainer.on_update is not None:
-        _call_on_update(trainer, {"update": trainer.update_count - 1, "epoch": epoch,
-                                  "batch": list(batch), "params_before": params,
-                                  "params_after": new_params, "loss": loss, "step_size": scale,
-                                  "statepoints": records})
-    return {"loss": loss, "step_size": scale, "statepoints": records,
-            "grad_norm": _norm(grads)}
-
-
-def _call_on_update(trainer, record) -> None:
-    trainer._in_callback = True
-    try:
-        trainer.on_update(record)
-    except Exception as e:
-        trainer._stopped = ("callback", record["update"], type(e).__name__)
-        e.add_note(f"(raised by on_update after update {record['update']}, which was "
-                   f"applied)")
-        raise
-    finally:
-        trainer._in_callback = False
+        after = comm.strategy.host_sum(comm.agree(
+            compute, f"the objective's numbers after update {state.update_count}"))
+    numbers = {k: list(getattr(state, k)) for k in loop.objective.numbers}
+    numbers, loss, records = loop.objective.records(numbers, summed, after, batch,
+                                                    loop.statepoints, state.update_count)
+    predictions = dict(zip(batch, summed["pred"])) if "pred" in summed else {}
+    state = state.replace(params=new_params, opt_state=opt_state, reuses=reuses,
+                          update_count=state.update_count + 1,
+                          update_losses=[*state.update_losses, loss], **numbers)
+    return state, {"loss": loss, "step_size": scale, "statepoints": records,
+                   "grad_norm": _norm(grads), "params_before": params}, predictions
