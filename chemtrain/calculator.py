@@ -33,9 +33,7 @@ import numpy as np
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 from ase.stress import full_3x3_to_voigt_6_stress
 
-from chemtrain.calculator_models import (EV, NM, MaceModel,  # noqa: F401 - re-exported
-                                         TemplateModel, _MACE_FUNCTIONS, _deformation,
-                                         _mace_function)
+from chemtrain.calculator_models import NM, MaceModel, TemplateModel
 from chemtrain.neighbors import host_edges
 
 log = logging.getLogger(__name__)

@@ -48,7 +48,7 @@ def reference(tmp_path_factory):
 @pytest.fixture(scope="module")
 def problem():
     """(dataset, init_params, template, nbrs_init) of the pair-MLP problem
-    (test_services.py, test_checkpoint.py)."""
+    (trainers/test_services.py, test_checkpoint.py)."""
     from problems import mlp_problem
     return mlp_problem()
 
@@ -57,6 +57,6 @@ def problem():
 def models(tmp_path_factory):
     """name -> random mace-torch model file, its conversion and the export
     of the conversion (built on first use; mace_calc.model_cache), shared by
-    test_export.py and test_calculator.py: a few small models, built once."""
+    models/mace/test_export.py and test_calculator.py: a few small models, built once."""
     from mace_calc import model_cache
     return model_cache(tmp_path_factory.mktemp("export"))

@@ -6,7 +6,7 @@ ASE's Lennard-Jones; the error paths.
 MACE compiles slowly on CPU: every MACE structure here has N_ATOMS atoms and
 the calculators start with CAPACITY edge slots (mace_calc), so each model
 compiles once (the capacity test adds one compilation on purpose). The
-``models`` fixture (conftest.py) is shared with test_export.py.
+``models`` fixture (conftest.py) is shared with models/mace/test_export.py.
 """
 from __future__ import annotations
 

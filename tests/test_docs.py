@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from paths import ROOT
 RUNNER = os.path.join(ROOT, "tests", "_support", "doc_snippets.py")
 PAGES = sorted(p for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
                if "_build" not in p and "```python" in open(p).read())

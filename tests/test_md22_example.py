@@ -4,7 +4,7 @@ It runs for two short epochs on a few structures of the committed stand-in,
 with a tiny MACE, as a user starts it: single, jax (two CPU devices) and mpi
 (two ranks), from the ``.npz`` and from an HDF5 file. The fine-tuning job
 (the example is a thin call of ``chemtrain-finetune``) is tested in
-``test_finetune.py``.
+``finetune/test_job.py``.
 """
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ import pytest
 import mp
 from mace_ref import small_standin
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLES = os.path.join(os.path.dirname(HERE), "examples", "mace_jax")
+from paths import EXAMPLES as ALL_EXAMPLES
+
+EXAMPLES = os.path.join(ALL_EXAMPLES, "mace_jax")
 BENCHMARK = os.path.join(EXAMPLES, "benchmark_md22.py")
 TINY = ["--channels", "4", "--max-ell", "1", "--correlation", "2", "--r-max", "4.0"]
 

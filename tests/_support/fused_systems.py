@@ -1,7 +1,7 @@
 """Fused training on the bonded molecules of examples/relative_entropy:
 force matching on labels of an imperfect bond (r_0 0.37 nm, b 2.0) and
 relative entropy on the exact reference (r_0 0.35, b 2.5), one parameter
-set. Shared by tests/test_interleave.py and its mpirun script."""
+set. Shared by tests/trainers/test_interleave.py and its mpirun script."""
 import os
 import sys
 

@@ -1,5 +1,5 @@
-"""The settings of the runs that wrote the checkpoints in ``tests/data/``
-(see ``tests/data/make_legacy_checkpoints.py``)."""
+"""The settings of the runs that wrote the checkpoints in ``tests/_support/files/``
+(see ``tests/_support/files/make_legacy_checkpoints.py``)."""
 from chemtrain.simulate import process_printouts
 
 FM_SETUP = dict(n_frames=24, batch=4, seed=3, train_ratio=0.5, val_ratio=0.25)

@@ -1,4 +1,4 @@
-"""MACE models and structures shared by the export tests (test_export.py)
+"""MACE models and structures shared by the export tests (models/mace/test_export.py)
 and the ASE calculator tests (test_calculator.py): random mace-torch models
 with their conversions and exports, molecules and cells, chemtrain's and
 mace-torch's calculators.

@@ -1,5 +1,5 @@
 """DiffTRe on a small MACE plus a repulsive prior (16 atoms of one species
-in a 1 nm box, float64): shared by tests/test_difftre_mace.py and its
+in a 1 nm box, float64): shared by tests/learn/test_difftre_grad.py and its
 mpirun script."""
 import functools
 

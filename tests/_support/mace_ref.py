@@ -25,12 +25,12 @@ ELEMENTS = [1, 6, 7, 8]
 
 
 def build_torch_model(name: str, dtype: str = "float64", seed: int = 0, r_max: float = 4.0,
-                      symmetric_scale: float = 3.0):
+                      symmetric_scale: float = 3.0, config: dict | None = None):
     import mace  # noqa: F401  (before e3nn)
     import torch
     from e3nn import o3
     from mace import modules
-    c = CONFIGS[name]
+    c = CONFIGS[name] if config is None else config
     torch.set_default_dtype(getattr(torch, dtype))
     torch.manual_seed(seed)
     model = modules.ScaleShiftMACE(

@@ -1,4 +1,4 @@
-"""One MPI rank of the DifftreParallel tests (tests/test_difftre_mpi.py).
+"""One MPI rank of the DifftreParallel tests (tests/trainers/test_difftre_mpi.py).
 
     mpirun -np N python tests/mp_difftre.py --case CASE --out DIR
 

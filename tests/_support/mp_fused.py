@@ -1,4 +1,4 @@
-"""One MPI rank of tests/test_interleave.py: fused force matching (batch 8
+"""One MPI rank of tests/trainers/test_interleave.py: fused force matching (batch 8
 split over the ranks) and relative entropy (two state points, one per
 rank) for 2 fused epochs; writes DIR/fused_<rank>.json. With ``--disagree
 num_updates|order`` rank 1 builds other turns, and each rank writes the

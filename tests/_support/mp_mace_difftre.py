@@ -1,4 +1,4 @@
-"""One MPI rank of tests/test_difftre_mace.py: DiffTRe on the small MACE of
+"""One MPI rank of tests/learn/test_difftre_grad.py: DiffTRe on the small MACE of
 mace_difftre.py, two state points (one per rank), 2 epochs; writes
 DIR/params_<rank>.json (the flattened parameters)."""
 import json

@@ -1,4 +1,4 @@
-"""One MPI rank of tests/test_relative_entropy_mpi.py.
+"""One MPI rank of tests/trainers/test_relative_entropy_mpi.py.
 
     mpirun -np N python tests/_support/mp_relentropy.py --out DIR --single CKPT
 

@@ -1,5 +1,5 @@
 """Checkpoints and trajectory files written before the reweighting loop was
-redesigned (main at 6bbc7dd, by ``tests/data/legacy/generate.py`` run in a
+redesigned (main at 6bbc7dd, by ``tests/_support/files/legacy/generate.py`` run in a
 worktree of that commit) restore on today's loop and continue bitwise: the
 parameters after two more epochs equal the ones the old code reached from
 the same files (saved beside them by the old code)."""
@@ -8,8 +8,10 @@ import sys
 
 import numpy as np
 
-DATA = os.path.join(os.path.dirname(__file__), "..", "data", "legacy")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples",
+from paths import EXAMPLES, FILES  # noqa: E402
+
+DATA = os.path.join(FILES, "legacy")
+sys.path.insert(0, os.path.join(EXAMPLES,
                                 "relative_entropy"))
 
 import cg_bond_and_lj as ex  # noqa: E402

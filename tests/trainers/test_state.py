@@ -1,6 +1,6 @@
 """Trainer state as one frozen pytree (chemtrain.trainers.state): what a
 checkpoint holds, parameters handed from one trainer to another, and
-checkpoints written before the state was one structure (``tests/data/``,
+checkpoints written before the state was one structure (``tests/_support/files/``,
 written by 7ca1dec) restoring and continuing exactly."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from chemtrain import checkpoint as ckpt
 from chemtrain.trainers import ForceMatching
 from chemtrain.trainers.state import DifftreState, FMState
 
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+from paths import FILES as DATA  # noqa: E402
 
 
 def _equal(a, b):

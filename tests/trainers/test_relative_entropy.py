@@ -1,7 +1,7 @@
 """RelativeEntropy: the gradient against finite differences and an
 independent numpy computation, zero expected gradient at the truth, the
 example's physics (examples/relative_entropy/cg_bond_and_lj.py), files and
-bad input. MPI: tests/test_relative_entropy_mpi.py."""
+bad input. MPI: tests/trainers/test_relative_entropy_mpi.py."""
 import os
 import sys
 
@@ -14,8 +14,9 @@ import pytest
 from chemtrain.checkpoint import CheckpointError
 from chemtrain.learn.update import chains_of, energies_of
 from chemtrain.trainers import TrainingError
+from paths import EXAMPLES
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples",
+sys.path.insert(0, os.path.join(EXAMPLES,
                                 "relative_entropy"))
 import cg_bond_and_lj as ex  # noqa: E402
 

@@ -4,7 +4,7 @@ run. They were written by chemtrain at commit 7ca1dec (trainers that copied
 their state attribute by attribute) and are kept to show that later
 versions restore them; rerun only to make files of a new format.
 
-    cd tests && ../.venv/bin/python data/make_legacy_checkpoints.py
+    .venv/bin/python tests/_support/files/make_legacy_checkpoints.py
 """
 import os
 import sys
@@ -13,7 +13,7 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "_support"))
+sys.path.insert(0, os.path.dirname(HERE))   # tests/_support
 
 import problems  # noqa: E402
 from difftre_systems import bonded_pair  # noqa: E402

@@ -72,7 +72,7 @@ def test_well_formed_model_flags_parse_to_values():
 # ------------------------------------------------ data and folders, before any work
 @pytest.fixture(scope="module")
 def cu(tmp_path_factory):
-    from test_finetune import cu_frames
+    from cu_data import cu_frames
     d = tmp_path_factory.mktemp("cu_inputs")
     path = str(d / "cu.xyz")
     frames = cu_frames(path, n=6)

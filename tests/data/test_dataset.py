@@ -5,7 +5,7 @@ Target shapes (in memory and in HDF5 files), negative weights, the ranks'
 agreement on an HDF5 file, MACE model files with configurations that do not
 fit their parameters, and pickled mace-torch files that are read only with
 consent, leaving torch's safe default as it was. (Damaged checkpoint files
-are tested in test_checkpoint.py, the converter in test_convert.py.)
+are tested in test_checkpoint.py, the converter in data/test_convert.py.)
 """
 from __future__ import annotations
 

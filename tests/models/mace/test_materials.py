@@ -1,7 +1,7 @@
 """Materials data: periodic cells of any size (precomputed graphs) through
 MACE and the trainer, stress targets, the trainer's graph-mode errors.
 (Host edges, neighbor lists and the minimum-image error are tested in
-test_neighbors.py, the converter in test_convert.py.)
+neighbors/test_host.py, the converter in data/test_convert.py.)
 
 References are independent of the code under test: mace-torch's
 MACECalculator (energies, forces, stress) and ASE's Lennard-Jones

@@ -16,8 +16,9 @@ from jax_md import partition, space
 import mace_ref
 from chemtrain.models import mace as cm
 
+from paths import ROOT, SUPPORT
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 
 
 @pytest.fixture(scope="module")
@@ -163,11 +164,11 @@ class NoTorch:  # make 'import torch' and 'import mace' fail, as on a machine wi
         if name.split('.')[0] in ('torch', 'mace'):
             raise ModuleNotFoundError(name)
 sys.meta_path.insert(0, NoTorch())
-sys.path[:0] = [{HERE!r}, {os.path.join(HERE, '_support')!r}]
+sys.path[:0] = [{HERE!r}, {SUPPORT!r}]
 import jax; jax.config.update('jax_enable_x64', True)
 import numpy as np
 from chemtrain.models import mace as cm
-from test_mace import jax_energy_forces
+from test_model import jax_energy_forces
 cfg, params = cm.load({out!r})
 s = np.load({str(tmp_path / 's.npz')!r})
 E, F = jax_energy_forces(cfg, params, s['pos'], s['Z'], s['cell'])

@@ -5,13 +5,14 @@ relative entropy against exact reference configurations and for DiffTRe
 against exact moments. Before the resolution and count rules
 (chemtrain.learn.reuse) relative entropy ended at kb 33.2k here (-17 %),
 still falling, after reusing one trajectory for its last 372 updates."""
-import os
 import sys
 
 import jax
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+from paths import BENCHMARKS  # noqa: E402
+
+sys.path.insert(0, BENCHMARKS)
 import reweighting_problems as rp  # noqa: E402
 
 UPDATES = 800   # the issue's acceptance: within 5 % after 400 updates and still after 800

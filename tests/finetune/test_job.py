@@ -19,10 +19,12 @@ import numpy as np
 import pytest
 
 import mp
+from cu_data import cu_frames
 from mace_ref import STANDIN, small_standin
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLES = os.path.join(os.path.dirname(HERE), "examples", "mace_jax")
+from paths import EXAMPLES as ALL_EXAMPLES
+
+EXAMPLES = os.path.join(ALL_EXAMPLES, "mace_jax")
 TINY = ["--num_channels", "4", "--max_ell", "1", "--correlation", "2", "--r_max", "4.0"]
 SPLIT = ["--n_train", "4", "--n_valid", "2", "--n_test", "2", "--batch_size", "2"]
 LINE = re.compile(r"Test errors, (.+?): energy MAE ([0-9.e+-]+) RMSE ([0-9.e+-]+) eV/atom; "
@@ -38,33 +40,6 @@ for name, argv in json.loads(sys.argv[1]):
     run(argv)
     sys.stdout.flush()
 """
-
-
-def cu_frames(path, n=6, seed=0, labels=("energy", "forces", "stress")):
-    """Rattled bulk Cu cells (fcc primitive, 1 atom, and a 4-atom cubic cell:
-    both far narrower than twice r_max) labelled by ASE's EMT, written as
-    extxyz with mace-torch's keys REF_energy, REF_forces, REF_stress."""
-    import ase.io
-    from ase.build import bulk
-    from ase.calculators.emt import EMT
-    rng = np.random.default_rng(seed)
-    frames = []
-    for i in range(n):
-        a = bulk("Cu", "fcc", a=3.6, cubic=bool(i % 2)) * (1, 1, 1 + i % 2)
-        a.rattle(0.05, seed=int(rng.integers(1 << 30)))
-        a.set_cell(a.cell * (1 + 0.02 * rng.standard_normal()), scale_atoms=True)
-        a.calc = EMT()
-        e, f, s = a.get_potential_energy(), a.get_forces(), a.get_stress(voigt=False)
-        a.calc = None
-        if "energy" in labels:
-            a.info["REF_energy"] = e
-        if "stress" in labels:
-            a.info["REF_stress"] = s.ravel()
-        if "forces" in labels:
-            a.arrays["REF_forces"] = f
-        frames.append(a)
-    ase.io.write(path, frames, format="extxyz")
-    return frames
 
 
 @pytest.fixture(scope="module")

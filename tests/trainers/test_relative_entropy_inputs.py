@@ -15,6 +15,7 @@ from jax_md import partition, simulate, space
 from chemtrain.models.pair import harmonic_bond_template
 from chemtrain.simulate import process_printouts
 from chemtrain.trainers import RelativeEntropy
+from paths import EXAMPLES
 
 
 def test_npt_simulator_is_refused_before_sampling(tmp_path):
@@ -45,7 +46,7 @@ def test_kt_in_kelvin_is_warned_about(tmp_path):
     """kT = 300 (a temperature in kelvin, 36,000 K as kJ/mol) passes the
     checks of a positive number; a warning names the likely mistake."""
     import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples",
+    sys.path.insert(0, os.path.join(EXAMPLES,
                                     "relative_entropy"))
     import cg_bond_and_lj as ex
     with pytest.warns(UserWarning, match=r"kT = 300 kJ/mol is 36,082 K.*chemtrain\.units\.kT"
@@ -63,7 +64,7 @@ def test_reference_frames_in_other_units_are_refused(tmp_path):
     """Frames in Angstrom (x10) for a model in nm: before, it trained (bonds
     folded by the minimum image)."""
     import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples",
+    sys.path.insert(0, os.path.join(EXAMPLES,
                                     "relative_entropy"))
     import cg_bond_and_lj as ex
     frames = ex.exact_bond_frames(10, 3)
@@ -75,7 +76,7 @@ def test_reference_frames_in_other_units_are_refused(tmp_path):
 
 def _example():
     import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples",
+    sys.path.insert(0, os.path.join(EXAMPLES,
                                     "relative_entropy"))
     import cg_bond_and_lj as ex
     return ex

@@ -22,8 +22,7 @@ import mace_ref
 from chemtrain.models import mace as cm
 from mace_calc import N_ATOMS, cell, chemtrain_calc, load, molecule, rel, results, torch_calc
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from paths import ROOT
 
 
 # ------------------------------------------------------------------ export

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +19,7 @@ from chemtrain.models.mace import model as M
 from chemtrain.models.mace import params as mace_params
 from chemtrain.models.mace import torch_io
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from paths import BENCHMARKS
 
 CONFIGS = {
     # MACE-MP's architecture as examples/mace_jax/finetune_md22.py builds it
@@ -43,25 +42,14 @@ FACTOR = 1.5
 @pytest.fixture(scope="module")
 def torch_models(tmp_path_factory):
     """(name, seed) -> (saved model path, config, converted params, model)."""
-    import mace.modules.symmetric_contraction as sc_module
     d = tmp_path_factory.mktemp("mace_init")
-    cache, u_cache = {}, {}
-    original = sc_module.U_matrix_real
-
-    def u_matrix(*args, **kwargs):
-        # the coupling tensors are deterministic: compute them once per model
-        # family, not once per seed (most of the build time)
-        key = repr((args, sorted(kwargs.items())))
-        if key not in u_cache:
-            u_cache[key] = original(*args, **kwargs)
-        return u_cache[key]
+    cache = {}
 
     def get(name, seed):
         if (name, seed) not in cache:
-            with mock.patch.dict(mace_ref.CONFIGS, CONFIGS), \
-                    mock.patch.object(sc_module, "U_matrix_real", u_matrix):
-                # symmetric_scale=1: mace-torch's own initialisation, untouched
-                m = mace_ref.build_torch_model(name, seed=seed, symmetric_scale=1.0)
+            # symmetric_scale=1: mace-torch's own initialisation, untouched
+            m = mace_ref.build_torch_model(name, seed=seed, symmetric_scale=1.0,
+                                           config=CONFIGS[name])
             path = mace_ref.save_torch_model(m, str(d / f"{name}_{seed}.model"))
             cfg, params = cm.load_mace_torch(path, trusted=True)
             cache[name, seed] = path, cfg, params, m
@@ -135,7 +123,7 @@ def test_symmetric_covariance_is_mace_torch(torch_models, name):
 
 
 def _nanotube():
-    spec = importlib.util.spec_from_file_location("mace_vs_torch", os.path.join(ROOT, "benchmarks", "mace_vs_torch.py"))
+    spec = importlib.util.spec_from_file_location("mace_vs_torch", os.path.join(BENCHMARKS, "mace_vs_torch.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.nanotube()

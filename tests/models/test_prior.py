@@ -13,8 +13,9 @@ import pytest
 from jax_md import partition, space
 
 from chemtrain.models import freeze, lennard_jones_template, repulsive_template, sum_templates
+from paths import EXAMPLES
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples",
+sys.path.insert(0, os.path.join(EXAMPLES,
                                 "relative_entropy"))
 import cg_bond_and_lj as ex  # noqa: E402
 
