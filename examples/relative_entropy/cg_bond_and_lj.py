@@ -23,7 +23,7 @@ print the recovered parameters against the truth. Writes under ``--out``
 per system: ``metrics.jsonl`` (one line per epoch: the relative-entropy
 change since the start, gradient norms, N_eff) and ``relentropy.png``. A
 few minutes on two CPU cores; the suite runs both as tests
-(tests/test_relative_entropy.py).
+(tests/trainers/test_relative_entropy.py).
 """
 from __future__ import annotations
 

@@ -280,7 +280,7 @@ def node_energies(params, cfg: MaceConfig, vectors, senders, receivers, edge_mas
         # Each atom's weights are gathered here rather than passed through
         # cuex's ``indices``: with cuequivariance-jax 0.13 the gradient of an
         # indexed, un-batched input is wrong under jax.vmap (as the trainers
-        # call energy functions); tests/test_mace.py checks the gradient.
+        # call energy functions); tests/models/mace/test_model.py checks the gradient.
         [hs] = cuex.segmented_polynomial(
             spoly, [p_prod["symmetric"][element], flat(msg)],
             [jax.ShapeDtypeStruct((n, spoly.outputs[0].size), dtype)], method=method)
