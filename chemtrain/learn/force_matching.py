@@ -255,3 +255,64 @@ def failed_step_message(nbr_errors: int, loss: float, where: str, grad_ok: bool 
                 f"the optimizer.")
     return (f"The loss is {loss} (gradient finite: {grad_ok}) in {where}. Lower the learning "
             f"rate or check the data and the energy function.")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerFunctions:
+    """What a force-matching trainer computes, as one value: the compiled
+    step and metric sums, predictions, how a stage's summed metrics and an
+    epoch's training sums are read, and the training loader it needs.
+    :func:`trainer_functions` gives one model's; a committee's come from
+    :func:`chemtrain.learn.ensemble.trainer_functions`.
+
+    Attributes:
+      update: compiled ``(params, opt_state, batch) -> (params, opt_state,
+        stats)`` (:func:`chemtrain.learn.step.make_update`).
+      sums: compiled ``(params, batch) -> metric sums``, summed over shards.
+      predict: compiled ``(params, batch) -> predictions`` (per row).
+      finish: ``(host sums, gammas) -> metrics`` of a stage.
+      train_record: ``(host step sums, n_steps, gammas) -> dict`` with
+        ``train_loss`` and ``train_parts`` (and whatever else the epoch
+        record gets).
+      training_loader: ``loader -> loader`` the training stage uses.
+    """
+
+    update: Callable
+    sums: Callable
+    predict: Callable
+    finish: Callable
+    train_record: Callable
+    training_loader: Callable = lambda loader: loader
+
+
+def train_record(host: Mapping, n_steps: int, gammas) -> dict:
+    """One model's epoch: the mean loss and per-target parts of its steps."""
+    return {"train_loss": float(host["loss"]) / n_steps,
+            "train_parts": {t: float(host["parts"][t]) / n_steps for t in gammas}}
+
+
+def trainer_functions(template, nbrs_init, optimizer, strategy, gammas: Mapping,
+                      weights_keys: Mapping, exclude) -> TrainerFunctions:
+    """The :class:`TrainerFunctions` of one model trained by force matching.
+
+    Args:
+      template: the :class:`~chemtrain.models.EnergyTemplate`.
+      nbrs_init: the jax-md neighbor list, or None (graphs in the data).
+      optimizer: the optax transformation.
+      strategy: the run's parallel strategy.
+      gammas: loss weight per target.
+      weights_keys: ``{target: dataset key}`` of per-structure weights.
+      exclude: dataset keys that are not the energy function's keywords.
+
+    Returns:
+      Its :class:`TrainerFunctions`.
+    """
+    from .step import make_reduced, make_update
+    predict = make_predictor(template, nbrs_init, strategy.vary)
+    loss_fn = make_shard_loss(predict, gammas, weights_keys, exclude)
+    return TrainerFunctions(
+        update=make_update(loss_fn, optimizer, strategy),
+        sums=make_reduced(make_metric_sums(predict, gammas, weights_keys, exclude), strategy),
+        predict=strategy.compile(lambda p, b: predict(p, b["R"], batch_kwargs(b, exclude))[0],
+                                 in_sharded=(False, True), out_sharded=True),
+        finish=finish_metrics, train_record=train_record)

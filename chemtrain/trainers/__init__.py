@@ -1,6 +1,7 @@
 """Trainers: thin stateful shells over the pure functions in chemtrain.learn,
 composed of the shared services in :mod:`chemtrain.trainers.services`."""
 from .difftre import Difftre, DifftreParallel
+from .ensemble import EnsembleOfModels
 from .force_matching import ForceMatching
 from .interleave import InterleaveTrainers
 from .relative_entropy import RelativeEntropy
@@ -9,7 +10,7 @@ from .errors import TrainingError
 from .state import DifftreState, FMState, RelEntropyState, TrainerState
 from ..learn.statepoint import StatePoint  # noqa: F401  (documented as chemtrain.learn.StatePoint)
 
-__all__ = ["ForceMatching", "Difftre", "DifftreParallel", "RelativeEntropy", "Reweighting",
+__all__ = ["ForceMatching", "EnsembleOfModels", "Difftre", "DifftreParallel", "RelativeEntropy", "Reweighting",
            "InterleaveTrainers",
            "TrainingError",
            "TrainerState", "FMState", "DifftreState", "RelEntropyState"]

@@ -17,7 +17,6 @@ import optax
 from ..data.loader import VALID
 from ..learn import force_matching as fm
 from ..learn.diagnose import energy_gradient_note
-from ..learn.step import make_reduced, make_update
 from ..models.template import as_template, check_reach
 from ..parallel import make_strategy, raised_everywhere
 from .report import Reporter, check_epochs, close_epoch
@@ -69,6 +68,10 @@ class ForceMatching(HoldsState):
         Default :func:`epoch_line`; ``chemtrain-finetune`` passes one in eV/Å.
       batch_per_device: structures per device instead of ``batch``.
       disable_shmap: evaluate the batch without ``shard_map`` (single device).
+      functions: the factory of what the trainer computes, with the
+        signature of :func:`chemtrain.learn.force_matching.trainer_functions`
+        (the default: one model); :class:`EnsembleOfModels` passes a
+        committee's (:func:`chemtrain.learn.ensemble.trainer_functions`).
 
     The resumable state is one :class:`~chemtrain.trainers.state.FMState`,
     ``trainer.state``; ``params``, ``opt_state``, ``epoch``, ``step``,
@@ -84,7 +87,8 @@ class ForceMatching(HoldsState):
                  progress: bool = True, check_vma: bool | None = None,
                  consistency_check_every: int | None = None, batch_per_device: int | None = None,
                  disable_shmap: bool | None = None,
-                 epoch_line: Callable[[dict], str] | None = None):
+                 epoch_line: Callable[[dict], str] | None = None,
+                 functions: Callable | None = None):
         global_batch(batch, batch_per_device, 1, disable_shmap)  # argument errors first
         template = as_template(energy_fn_template)
         check_reach(template, nbrs_init, "ForceMatching")
@@ -109,14 +113,9 @@ class ForceMatching(HoldsState):
             params, opt_state, host_params = init_state(self.strategy, init_params, optimizer)
             self.state = FMState(params, opt_state, host_params, seed=seed)
             exclude = {"R", *fm.TARGETS, VALID, *self.weights_keys.values()}
-            predict = fm.make_predictor(template, nbrs_init, self.strategy.vary)
-            loss_fn = fm.make_shard_loss(predict, self.gammas, self.weights_keys, exclude)
-            self._update = make_update(loss_fn, optimizer, self.strategy)
-            self._sums = make_reduced(fm.make_metric_sums(predict, self.gammas, self.weights_keys,
-                                                          exclude), self.strategy)
-            self._predict = self.strategy.compile(
-                lambda p, b: predict(p, b["R"], fm.batch_kwargs(b, exclude))[0],
-                in_sharded=(False, True), out_sharded=True)
+            self.functions = (functions or fm.trainer_functions)(
+                template, nbrs_init, optimizer, self.strategy, self.gammas, self.weights_keys,
+                exclude)
         if self.strategy.is_root:
             log.info("ForceMatching: %s, global batch %d", self.strategy.describe(), self.batch)
 
@@ -163,7 +162,7 @@ class ForceMatching(HoldsState):
     def train(self, max_epochs: int, checkpoint_freq: int | None = None) -> None:
         """Train ``max_epochs`` more epochs; checkpoint every ``checkpoint_freq``."""
         check_epochs(max_epochs, checkpoint_freq)
-        loader = self.data["training"]
+        loader = self.functions.training_loader(self.data["training"])
         if checkpoint_freq:
             self.store.check_folder(self.epoch)
         self.reporter.claim(self.store.run_id)
@@ -177,9 +176,8 @@ class ForceMatching(HoldsState):
                 self.consistency_check_every, self.check_consistency)
             step = self.state.step + n_steps
             self.state = self.state.replace(step=step)
-            host = self.strategy.to_host(total)
-            record = {"epoch": epoch, "step": step, "train_loss": float(host["loss"]) / n_steps,
-                      "train_parts": {t: float(host["parts"][t]) / n_steps for t in self.gammas}}
+            record = {"epoch": epoch, "step": step, **self.functions.train_record(
+                self.strategy.to_host(total), n_steps, self.gammas)}
             monitored = record["train_loss"]
             done = dict(train_losses=[*self.state.train_losses, monitored])
             if "validation" in self.data:
@@ -199,7 +197,8 @@ class ForceMatching(HoldsState):
                 self.store.save_epoch(self.epoch, *self._capture())
 
     def _step(self, batch):
-        params, opt_state, s = self._update(self.state.params, self.state.opt_state, batch)
+        params, opt_state, s = self.functions.update(self.state.params, self.state.opt_state,
+                                                     batch)
         self.state = self.state.replace(params=params, opt_state=opt_state)
         return dict(s, sum={"loss": s["loss"], "parts": s["parts"]})
 
@@ -231,13 +230,13 @@ class ForceMatching(HoldsState):
         per-structure loss of a stage, exact whatever the padding."""
         total, params = None, self.params if params is None else params
         for batch in self._batches(self.data[stage]):
-            total = add_trees(total, self._sums(params, batch))
+            total = add_trees(total, self.functions.sums(params, batch))
         host = jax.tree.map(lambda x: np.asarray(x, np.float64), self.strategy.to_host(total))
         if host["nbr_errors"]:  # global sums: every process raises
             raise raised_everywhere(TrainingError(
                 f"The neighbor list overflowed for {int(host['nbr_errors'])} {stage} "
                 f"structure(s); allocate nbrs_init with more capacity."))
-        return fm.finish_metrics(host, self.gammas)
+        return self.functions.finish(host, self.gammas)
 
     @collective
     def predict(self, dataset: Mapping | None) -> dict:
@@ -245,14 +244,14 @@ class ForceMatching(HoldsState):
         numpy, on every process (under MPI only rank 0's dataset is read)."""
         loader = self.data.in_memory(dataset, "dataset", shuffle=False, drop_last=False,
                                      required=("R",))
-        out = [self.strategy.to_host(self._predict(self.params, batch), sharded=True)
+        out = [self.strategy.to_host(self.functions.predict(self.params, batch), sharded=True)
                for batch in self._batches(loader)]
-        return {k: np.concatenate([o[k] for o in out])[:loader.n] for k in ("U", "F")}
+        return {k: np.concatenate([o[k] for o in out])[:loader.n] for k in out[0]}
 
     def predict_batch(self, local_batch: Mapping) -> dict:
         """Device predictions of one batch (this process's rows as numpy)."""
         local = {VALID: np.ones(np.shape(local_batch["R"])[0], bool), **local_batch}
-        return self._predict(self.params, self.strategy.place_batch(local))
+        return self.functions.predict(self.params, self.strategy.place_batch(local))
 
     # -- checkpoints --------------------------------------------------------
     @collective

@@ -1,0 +1,198 @@
+"""Committees of models as pure functions: K members of one energy template
+whose parameters are stacked along a leading member axis, trained in one
+vectorised step and evaluated together.
+
+- :func:`stack_members` / :func:`member_params`: K parameter pytrees of one
+  structure <-> one stacked pytree (leaves ``(K, ...)``).
+- :func:`vectorized`: an optax transformation applied to every member
+  separately (``vmap`` of its ``init`` and ``update``), so each member's
+  optimizer state is its own, whatever the transformation (global-norm
+  clipping included).
+- :func:`member_loss`: the force-matching loss of one shard for K members
+  at once; the batch holds, per row, one structure for each member
+  (arrays ``(rows, K, ...)``), so each member sees its own data order.
+- :func:`committee_predictor`: the members' mean prediction, with their
+  spread (standard deviation over members, ``ddof=0``).
+
+Which structures member ``k`` trains on, in which order, is
+:mod:`chemtrain.data.members`'.
+
+Units are those of the template (chemtrain's: nm, kJ/mol).
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+
+
+def stack_members(members: Sequence) -> object:
+    """One pytree whose leaves stack the members' leaves on a new axis 0.
+
+    Args:
+      members: K >= 2 parameter pytrees of the same structure, shapes and
+        dtypes.
+
+    Returns:
+      The stacked pytree, leaves ``(K, *leaf.shape)`` (numpy).
+
+    Raises:
+      ValueError: fewer than two members, or members that differ in
+        structure, a leaf's shape or dtype (the first difference is named).
+    """
+    members = list(members)
+    if len(members) < 2:
+        raise ValueError(f"A committee needs at least 2 members, got {len(members)}: pass a list "
+                         f"of K >= 2 initial parameter sets (e.g. init_params(key_k) for K keys).")
+    first = jax.tree.structure(members[0])
+    for k, m in enumerate(members[1:], 1):
+        if jax.tree.structure(m) != first:
+            raise ValueError(f"Member {k}'s parameters have another structure than member 0's: "
+                             f"{jax.tree.structure(m)} against {first}. Every member must be "
+                             f"made by the same template and initialiser.")
+        for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(members[0])[0],
+                                jax.tree.leaves(m)):
+            if np.shape(a) != np.shape(b) or np.asarray(a).dtype != np.asarray(b).dtype:
+                raise ValueError(
+                    f"Member {k}'s parameter {jax.tree_util.keystr(path)} has shape "
+                    f"{np.shape(b)} and dtype {np.asarray(b).dtype}, member 0's "
+                    f"{np.shape(a)} and {np.asarray(a).dtype}: members must be one "
+                    f"architecture (same template and sizes).")
+    return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *members)
+
+
+def n_members(stacked) -> int:
+    """The number of members of a stacked pytree (its leaves' first axis)."""
+    return int(np.shape(jax.tree.leaves(stacked)[0])[0])
+
+
+def member_params(stacked, k: int):
+    """Member ``k``'s parameters (host numpy) from a stacked pytree."""
+    return jax.tree.map(lambda x: np.asarray(x)[k], stacked)
+
+
+def vectorized(optimizer: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``optimizer`` applied to each member separately: ``init`` and
+    ``update`` mapped over the leading member axis of parameters, updates
+    and state."""
+    return optax.GradientTransformation(jax.vmap(optimizer.init), jax.vmap(optimizer.update))
+
+
+def member_loss(shard_loss: Callable) -> Callable:
+    """The loss of K members on one shard from one member's ``shard_loss``
+    (:func:`chemtrain.learn.force_matching.make_shard_loss`).
+
+    Returns:
+      ``loss(stacked_params, batch) -> (loss, aux)``: ``batch`` arrays are
+      ``(rows, K, ...)``, member ``k`` seeing column ``k``. ``loss`` is the
+      sum of the members' losses (each member's parameters enter only its
+      own term, so its gradient is that member's), ``aux`` holds ``parts``
+      (per target, shape (K,)), ``nbr_errors`` (summed) and ``members``, the
+      members' losses (K,).
+    """
+    def loss(params, batch):
+        losses, aux = jax.vmap(shard_loss, in_axes=(0, 1))(params, batch)
+        return jnp.sum(losses), {"parts": aux["parts"], "nbr_errors": jnp.sum(aux["nbr_errors"]),
+                                 "members": losses}
+    return loss
+
+
+def committee_predictor(predict: Callable) -> Callable:
+    """The members' mean prediction from one member's ``predict``
+    (:func:`chemtrain.learn.force_matching.make_predictor`).
+
+    Returns:
+      ``predict(stacked_params, R, kwargs, stress=False) -> (pred,
+      nbr_error)`` like one member's, with ``U``, ``F`` (and ``stress``)
+      the mean over members and ``U_std``, ``F_std`` (and ``stress_std``)
+      their standard deviation over members (``ddof=0``), element-wise;
+      ``nbr_error`` where any member's list failed.
+    """
+    def committee(params, R, kwargs, stress=False):
+        preds, errors = jax.vmap(lambda p: predict(p, R, kwargs, stress))(params)
+        out = {}
+        for key, value in preds.items():
+            if key == "has_stress":
+                out[key] = value[0]
+                continue
+            out[key] = jnp.mean(value, axis=0)
+            out[f"{key}_std"] = jnp.std(value, axis=0)
+        return out, jnp.any(errors, axis=0)
+    return committee
+
+
+def trainer_functions(n: int, bootstrap: bool = False) -> Callable:
+    """The factory of a committee's
+    :class:`~chemtrain.learn.force_matching.TrainerFunctions`, with the
+    signature of :func:`chemtrain.learn.force_matching.trainer_functions`.
+
+    Args:
+      n: the number of members K (>= 2).
+      bootstrap: train each member on its own bootstrap sample of the
+        training set (:func:`chemtrain.data.members.bootstrap_indices`).
+
+    Returns:
+      ``make(template, nbrs_init, optimizer, strategy, gammas, weights_keys,
+      exclude)``. Its ``update`` takes stacked parameters and the
+      :func:`vectorized` optimizer's state; its metrics are the committee's
+      (the mean prediction's) with ``members``, a list of each member's; its
+      predictions are the committee's ``U``, ``F`` with their spread
+      ``U_std``, ``F_std`` and each member's ``U_members`` (rows, K),
+      ``F_members`` (rows, K, atoms, 3).
+    """
+    from ..data.loader import InMemoryLoader
+    from ..data.members import MemberLoader
+    from . import force_matching as fm
+    from .step import make_reduced, make_update
+
+    def training_loader(loader):
+        if not isinstance(loader, InMemoryLoader):
+            raise TypeError(f"A committee trains from in-memory data (set_datasets or "
+                            f"set_dataset), so that each member draws its own order; got a "
+                            f"{type(loader).__name__} for the training stage. Read the file "
+                            f"into memory first.")
+        return MemberLoader(loader, n, bootstrap)
+
+    def record(host, n_steps, gammas):
+        parts = {t: np.asarray(host["parts"][t], np.float64) / n_steps for t in gammas}
+        losses = sum(gammas[t] * parts[t] for t in gammas)
+        members = [{"train_loss": float(losses[k]),
+                    "train_parts": {t: float(parts[t][k]) for t in gammas}} for k in range(n)]
+        return {"train_loss": float(np.mean(losses)),
+                "train_parts": {t: float(np.mean(parts[t])) for t in gammas}, "members": members}
+
+    def finish(host, gammas):
+        out = fm.finish_metrics(host["committee"], gammas)
+        out["members"] = [fm.finish_metrics(jax.tree.map(lambda x: x[k], host["members"]),
+                                            gammas) for k in range(n)]
+        return out
+
+    def make(template, nbrs_init, optimizer, strategy, gammas, weights_keys, exclude):
+        predict = fm.make_predictor(template, nbrs_init, strategy.vary)
+        committee = committee_predictor(predict)
+        loss = member_loss(fm.make_shard_loss(predict, gammas, weights_keys, exclude))
+        one = fm.make_metric_sums(predict, gammas, weights_keys, exclude)
+        mean = fm.make_metric_sums(committee, gammas, weights_keys, exclude)
+
+        def sums(params, batch):
+            c = mean(params, batch)
+            return {"committee": c, "members": jax.vmap(one, in_axes=(0, None))(params, batch),
+                    "nbr_errors": c["nbr_errors"]}
+
+        def predictions(params, batch):
+            kwargs = fm.batch_kwargs(batch, exclude)
+            members, _ = jax.vmap(lambda p: predict(p, batch["R"], kwargs))(params)
+            pred, _ = committee(params, batch["R"], kwargs)
+            return {**pred, "U_members": jnp.moveaxis(members["U"], 0, 1),
+                    "F_members": jnp.moveaxis(members["F"], 0, 1)}
+
+        return fm.TrainerFunctions(
+            update=make_update(loss, optimizer, strategy),
+            sums=make_reduced(sums, strategy),
+            predict=strategy.compile(predictions, in_sharded=(False, True), out_sharded=True),
+            finish=finish, train_record=record, training_loader=training_loader)
+    return make
