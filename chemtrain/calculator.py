@@ -38,7 +38,7 @@ from chemtrain.neighbors import host_edges
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ChemtrainCalculator", "host_neighbors"]
+__all__ = ["ChemtrainCalculator", "CommitteeCalculator", "host_neighbors"]
 
 FORMATS = ("sparse", "dense", "ordered_sparse")
 
@@ -184,38 +184,22 @@ class ChemtrainCalculator(Calculator):
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
         super().calculate(atoms, properties, system_changes)
-        atoms = self.atoms
-        pbc = np.asarray(atoms.pbc, bool)
-        want_stress = "stress" in properties
-        if want_stress and not pbc.all():
-            raise PropertyNotImplementedError(
-                f"stress needs a cell periodic in all three directions, these atoms have pbc "
-                f"{pbc.tolist()}.")
-        if pbc.all() and atoms.get_volume() < 1e-9:
-            raise ValueError(f"These atoms are periodic (pbc {pbc.tolist()}) but their cell has no "
-                             f"volume ({atoms.cell.array.tolist()}); set a cell with atoms.set_cell.")
-        positions = atoms.get_positions()
-        if not np.all(np.isfinite(positions)):
-            bad = np.nonzero(~np.all(np.isfinite(positions), axis=1))[0]
-            raise ValueError(f"Atom(s) {bad[:10].tolist()} have non-finite positions "
-                             f"({positions[bad[0]].tolist()}); an energy of such a structure "
-                             f"means nothing. Check the structure (or the dynamics that made it).")
-        if pbc.any() and not np.all(np.isfinite(atoms.cell.array)):
-            raise ValueError(f"The cell has non-finite entries ({atoms.cell.array.tolist()}).")
+        energy, forces, virial = self.evaluate(self.atoms, "stress" in properties)
+        self.results = {"energy": float(energy), "free_energy": float(energy), "forces": forces}
+        stress = stress_of(self.atoms, virial, "stress" in properties)
+        if stress is not None:
+            self.results["stress"] = stress
+
+    def evaluate(self, atoms, want_stress: bool = False):
+        """The model's raw outputs for ``atoms``: ``(energy, forces, virial)``
+        in eV, eV/Angstrom and eV (a committee's: one per member, stacked on
+        axis 0); ``virial`` None where the template gives none. The checks
+        of the class docstring come first."""
+        check_atoms(atoms, want_stress)
         self.model.check(atoms)
         i, j, S = host_neighbors(atoms, self.model.cutoff)
         edges = self._padded(self.model.pack(i, j, S, len(atoms)))
-        energy, forces, virial = self.model.evaluate(self._params, atoms, edges, self.dtype)
-        self.results = {"energy": energy, "free_energy": energy, "forces": forces}
-        if pbc.all() and virial is not None:
-            self.results["stress"] = full_3x3_to_voigt_6_stress(virial / atoms.get_volume())
-        elif want_stress:
-            raise PropertyNotImplementedError(
-                "stress: the energy's derivative with respect to perturbation= is exactly zero, "
-                "so the energy template ignores that keyword (or nothing in the cell interacts) "
-                "and the stress is unknown. Pass energy_fn's keyword arguments on to the jax-md "
-                "displacement function (displacement(Ra, Rb, **kwargs)), as "
-                "chemtrain.models.pair does.")
+        return self.model.evaluate(self._params, atoms, edges, self.dtype)
 
     def _padded(self, packed):
         need = packed["need"]
@@ -226,3 +210,149 @@ class ChemtrainCalculator(Calculator):
                          self.capacity, need, new)
             self.capacity = new
         return self.model.pad(packed, self.capacity)
+
+
+
+class CommitteeCalculator(ChemtrainCalculator):
+    """ASE calculator of a committee: K models of one architecture evaluated
+    as one vectorised call.
+
+    ``energy``, ``forces`` and ``stress`` are the members' mean (units as in
+    :class:`ChemtrainCalculator`); ``results`` also holds their spread over
+    members (population standard deviation, ``ddof=0``): ``energy_std`` (eV),
+    ``forces_std`` (atoms,), each atom's ``sqrt(sum_xyz var)`` in
+    eV/Angstrom, and ``stress_std`` (6,), with every member's values in
+    ``member_energies`` (K,), ``member_forces`` (K, atoms, 3) and, where
+    there is a stress, ``member_stresses`` (K, 6). Build it from a template
+    and the members' parameters, or with :meth:`from_mace` from MACE files.
+
+    Args:
+      energy_fn_template: as in :class:`ChemtrainCalculator` (one member's).
+      members: K >= 2 parameter pytrees of one structure (e.g.
+        ``[trainer.member(k) for k in range(K)]`` of an
+        :class:`~chemtrain.trainers.EnsembleOfModels`), or one pytree whose
+        leaves stack the members on axis 0 (``trainer.params``).
+      cutoff: the template's cutoff in nm.
+      **kwargs: the other keywords of :class:`ChemtrainCalculator`.
+
+    Raises:
+      ValueError: fewer than two members, members of different shapes, and
+        everything :class:`ChemtrainCalculator` raises.
+    """
+
+    implemented_properties = ["energy", "free_energy", "forces", "stress"]
+
+    def __init__(self, energy_fn_template, members, cutoff: float, *,
+                 neighbor_format: str = "sparse", species_kwarg: str | None = "species",
+                 capacity: int | None = None, growth: float = 1.5, dtype=None, **kwargs):
+        Calculator.__init__(self, **kwargs)
+        if neighbor_format not in FORMATS:
+            raise ValueError(f"neighbor_format must be one of {FORMATS}, got {neighbor_format!r}.")
+        self._setup(TemplateModel(energy_fn_template, float(cutoff) / NM, neighbor_format,
+                                  species_kwarg, members=True), _stacked(members), capacity,
+                    growth, dtype)
+
+    @classmethod
+    def from_mace(cls, models, params=None, *, method: str | None = None,
+                  capacity: int | None = None, growth: float = 1.5, dtype=None, **kwargs):
+        """A committee of chemtrain MACE models: ``models`` is a list of paths
+        of files written by :func:`chemtrain.models.mace.save` (all of one
+        architecture), or one :class:`~chemtrain.models.mace.MaceConfig`
+        given with ``params`` (the members' parameters, as for the
+        constructor). ``method`` as in :meth:`ChemtrainCalculator.from_mace`.
+
+        Raises:
+          ValueError: a file of another architecture than the first (named),
+            fewer than two members.
+        """
+        from chemtrain.models import mace
+        if isinstance(models, mace.MaceConfig):
+            if params is None:
+                raise ValueError("from_mace(cfg, params): a MaceConfig needs the members' params.")
+            cfg, members = models, params
+        else:
+            if params is not None:
+                raise ValueError("from_mace(paths): params come from the files; pass either "
+                                 "paths or (cfg, params).")
+            loaded = [mace.load(str(path)) for path in models]
+            if not loaded:
+                raise ValueError("from_mace: no model files given.")
+            cfg = loaded[0][0]
+            for path, (c, _) in zip(models, loaded):
+                if c != cfg:
+                    diff = [f for f in cfg.__dataclass_fields__ if getattr(c, f) != getattr(cfg, f)]
+                    raise ValueError(f"{str(path)!r} is a model of another architecture than "
+                                     f"{str(models[0])!r} (they differ in {diff}): a committee's "
+                                     f"members share one architecture.")
+            members = [p for _, p in loaded]
+        self = cls.__new__(cls)
+        Calculator.__init__(self, **kwargs)
+        self._setup(MaceModel(cfg, method, members=True), _stacked(members), capacity, growth,
+                    dtype)
+        return self
+
+    @property
+    def n_members(self) -> int:
+        """The number of members K."""
+        from chemtrain.learn.ensemble import n_members
+        return n_members(self.params)
+
+    def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
+        Calculator.calculate(self, atoms, properties, system_changes)
+        energies, forces, virials = self.evaluate(self.atoms, "stress" in properties)
+        mean = float(np.mean(energies))
+        self.results = {"energy": mean, "free_energy": mean, "forces": forces.mean(0),
+                        "energy_std": float(np.std(energies)),
+                        "forces_std": np.sqrt(np.var(forces, axis=0).sum(-1)),
+                        "member_energies": energies, "member_forces": forces}
+        stresses = stress_of(self.atoms, virials, "stress" in properties)
+        if stresses is not None:
+            self.results.update(stress=stresses.mean(0), stress_std=stresses.std(0),
+                                member_stresses=stresses)
+
+
+def _stacked(members):
+    from chemtrain.learn.ensemble import n_members, stack_members
+    if isinstance(members, (list, tuple)):
+        return stack_members(members)
+    if n_members(members) < 2:
+        raise ValueError(f"A committee needs at least 2 members, got {n_members(members)}.")
+    return members
+
+def check_atoms(atoms, want_stress: bool) -> None:
+    """Refuse structures a calculator cannot evaluate: stress without a fully
+    periodic cell (``PropertyNotImplementedError``), a periodic cell without
+    volume, non-finite positions or cell (``ValueError``)."""
+    pbc = np.asarray(atoms.pbc, bool)
+    if want_stress and not pbc.all():
+        raise PropertyNotImplementedError(
+            f"stress needs a cell periodic in all three directions, these atoms have pbc "
+            f"{pbc.tolist()}.")
+    if pbc.all() and atoms.get_volume() < 1e-9:
+        raise ValueError(f"These atoms are periodic (pbc {pbc.tolist()}) but their cell has no "
+                         f"volume ({atoms.cell.array.tolist()}); set a cell with atoms.set_cell.")
+    positions = atoms.get_positions()
+    if not np.all(np.isfinite(positions)):
+        bad = np.nonzero(~np.all(np.isfinite(positions), axis=1))[0]
+        raise ValueError(f"Atom(s) {bad[:10].tolist()} have non-finite positions "
+                         f"({positions[bad[0]].tolist()}); an energy of such a structure "
+                         f"means nothing. Check the structure (or the dynamics that made it).")
+    if pbc.any() and not np.all(np.isfinite(atoms.cell.array)):
+        raise ValueError(f"The cell has non-finite entries ({atoms.cell.array.tolist()}).")
+
+
+def stress_of(atoms, virial, want_stress: bool):
+    """The Voigt stress (eV/Angstrom^3) of a fully periodic cell from the
+    virial (eV, stacked members give stacked stresses), None where there is
+    none; ``PropertyNotImplementedError`` where one was asked for but the
+    template ignores ``perturbation=``."""
+    if np.all(atoms.pbc) and virial is not None:
+        return full_3x3_to_voigt_6_stress(np.asarray(virial) / atoms.get_volume())
+    if want_stress:
+        raise PropertyNotImplementedError(
+            "stress: the energy's derivative with respect to perturbation= is exactly zero, "
+            "so the energy template ignores that keyword (or nothing in the cell interacts) "
+            "and the stress is unknown. Pass energy_fn's keyword arguments on to the jax-md "
+            "displacement function (displacement(Ra, Rb, **kwargs)), as "
+            "chemtrain.models.pair does.")
+    return None

@@ -29,12 +29,14 @@ def _deformation(strain):
 
 
 class MaceModel:
-    """Chemtrain MACE on edges with explicit periodic shifts (Angstrom, eV)."""
+    """Chemtrain MACE on edges with explicit periodic shifts (Angstrom, eV).
+    With ``members``, parameters are a committee's, stacked on axis 0, and
+    :meth:`evaluate` gives one value per member."""
 
-    def __init__(self, cfg, method=None):
+    def __init__(self, cfg, method=None, members: bool = False):
         self.cfg = cfg
         self.cutoff = float(cfg.r_max)
-        self._fn, self._traces = _mace_function(cfg, method)
+        self._fn, self._traces = mace_function(cfg, method, members)
         self._table = cfg.element_table()
 
     @property
@@ -65,11 +67,16 @@ class MaceModel:
         element = jnp.asarray(self._table[atoms.numbers])
         E, (gR, gS) = self._fn(params, R, cell, jnp.zeros((3, 3), dtype), *map(jnp.asarray, edges),
                                element)
-        return float(E), -np.asarray(gR, np.float64), np.asarray(gS, np.float64)
+        return np.asarray(E, np.float64), -np.asarray(gR, np.float64), np.asarray(gS, np.float64)
 
 
-def _mace_function(cfg, method):
-    key = (cfg, method)
+def mace_function(cfg, method, members: bool = False):
+    """The compiled ``(params, R, cell, strain, senders, receivers, shifts,
+    element) -> (energy, (dE/dR, dE/dstrain))`` of a MACE model (Angstrom,
+    eV), mapped over a committee's stacked parameters with ``members``;
+    shared by every calculator of the same configuration and method. Also
+    returns a one-element list counting its traces."""
+    key = (cfg, method, members)
     if key not in _MACE_FUNCTIONS:
         import jax
         import jax.numpy as jnp
@@ -85,7 +92,10 @@ def _mace_function(cfg, method):
             e = node_energies(params, cfg, vec, senders=s, receivers=r, edge_mask=real,
                               element=element, node_mask=jnp.ones(R.shape[0], bool), method=method)
             return jnp.sum(e)
-        _MACE_FUNCTIONS[key] = (jax.jit(jax.value_and_grad(energy, argnums=(1, 3))), traces)
+        fn = jax.value_and_grad(energy, argnums=(1, 3))
+        if members:
+            fn = jax.vmap(fn, in_axes=(0, *[None] * 7))
+        _MACE_FUNCTIONS[key] = (jax.jit(fn), traces)
     return _MACE_FUNCTIONS[key]
 
 
@@ -94,9 +104,11 @@ _MACE_FUNCTIONS = {}
 
 class TemplateModel:
     """A chemtrain energy template (nm, kJ/mol) on a jax-md-style neighbor
-    list built on the host (minimum image in periodic cells)."""
+    list built on the host (minimum image in periodic cells). With
+    ``members``, parameters are a committee's, stacked on axis 0, and
+    :meth:`evaluate` gives one value per member."""
 
-    def __init__(self, template, cutoff, neighbor_format, species_kwarg):
+    def __init__(self, template, cutoff, neighbor_format, species_kwarg, members: bool = False):
         import jax
         self.template = template
         self.cutoff = float(cutoff)
@@ -104,8 +116,13 @@ class TemplateModel:
         self.species_kwarg = species_kwarg
         self._traces = [0]
         self._checked_periodic = False
-        self._fn = jax.jit(jax.value_and_grad(self._energy, argnums=(1, 3)),
-                           static_argnames=("periodic",))
+        one = jax.value_and_grad(self._energy, argnums=(1, 3))
+
+        def fn(params, R, cell, strain, idx, species, periodic):
+            if not members:
+                return one(params, R, cell, strain, idx, species, periodic)
+            return jax.vmap(lambda p: one(p, R, cell, strain, idx, species, periodic))(params)
+        self._fn = jax.jit(fn, static_argnames=("periodic",))
 
     @property
     def n_traces(self) -> int:
@@ -167,12 +184,12 @@ class TemplateModel:
                 jnp.asarray(atoms.numbers))
         E, (gR, gS) = self._fn(params, jnp.asarray(atoms.positions, dtype), *args, periodic=periodic)
         if periodic and not self._checked_periodic:
-            self._check_lattice_invariance(params, atoms, args, float(E), dtype)
+            self._check_lattice_invariance(params, atoms, args, np.asarray(E), dtype)
         virial = np.asarray(gS, np.float64)
         if periodic and not np.any(virial):
             # exactly zero: the template does not pass perturbation= on
             virial = None
-        return float(E), -np.asarray(gR, np.float64), virial
+        return np.asarray(E, np.float64), -np.asarray(gR, np.float64), virial
 
     def _check_lattice_invariance(self, params, atoms, args, energy, dtype):
         """Moving atoms by lattice vectors must not change the energy; it
@@ -181,11 +198,14 @@ class TemplateModel:
         k = np.random.default_rng(0).integers(-1, 2, (len(atoms), 3))
         moved = atoms.positions + k @ atoms.cell.array
         E2, _ = self._fn(params, jnp.asarray(moved, dtype), *args, periodic=True)
+        E2, energy = np.ravel(np.asarray(E2, np.float64)), np.ravel(energy)
         rtol = 1e-6 if dtype == "float64" else 1e-3
-        if abs(float(E2) - energy) > rtol * max(abs(energy), 1e-3 * len(atoms)):
+        worst = int(np.argmax(np.abs(E2 - energy)))
+        if abs(E2[worst] - energy[worst]) > rtol * max(abs(energy[worst]), 1e-3 * len(atoms)):
             raise ValueError(
                 f"The energy template is not periodic in the cell it is given: moving atoms by "
-                f"lattice vectors changed the energy from {energy:.8g} to {float(E2):.8g} eV. "
+                f"lattice vectors changed the energy from {energy[worst]:.8g} to "
+                f"{E2[worst]:.8g} eV. "
                 f"Build the template with space.periodic_general(box, "
                 f"fractional_coordinates=False) so that it uses the box= passed per call.")
         self._checked_periodic = True

@@ -211,3 +211,75 @@ def test_unknown_element_is_refused(models):
     atoms.numbers[[2, 5]] = [9, 17]
     with pytest.raises(cm.UnknownElementError, match=r"9 \(F\), 17 \(Cl\).*\[1, 6, 7, 8\]"):
         results(atoms, chemtrain_calc(models("small")))
+
+
+# ------------------------------------------------------------- committees
+
+def _members_of(calc_for, params_list, atoms, stress=False):
+    """Each member's energy, forces (and stress) from its own calculator."""
+    out = [results(atoms, calc_for(p), stress=stress) for p in params_list]
+    return [np.array([o[i] for o in out]) for i in range(len(out[0]))]
+
+
+def test_committee_of_templates_equals_numpy_over_its_members():
+    """A committee of three Lennard-Jones parameter sets in one vectorised
+    call: mean and spread of energy, forces and stress equal numpy's over the
+    three single calculators."""
+    from jax_md import space
+    from chemtrain.calculator import CommitteeCalculator
+    from chemtrain.models.pair import lennard_jones_template
+    atoms = argon()
+    disp, _ = space.periodic_general(jnp.asarray(atoms.cell.array.T * 0.1),
+                                     fractional_coordinates=False)
+    template = lennard_jones_template(disp, 0.85, 0.765)
+    members = [{"sigma": s, "epsilon": e} for s, e in ((0.34, 1.0), (0.33, 1.1), (0.35, 0.9))]
+    E, F, S = _members_of(lambda p: ChemtrainCalculator(template, p, 0.85, dtype="float64"),
+                          members, atoms, stress=True)
+    committee = CommitteeCalculator(template, members, 0.85, dtype="float64")
+    a = atoms.copy()
+    a.calc = committee
+    a.get_stress()
+    r = committee.results
+    np.testing.assert_allclose(r["energy"], E.mean(), rtol=1e-12)
+    np.testing.assert_allclose(r["energy_std"], E.std(), rtol=1e-10)
+    np.testing.assert_allclose(r["forces"], F.mean(0), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(r["forces_std"], np.sqrt(F.var(0).sum(-1)), rtol=1e-10,
+                               atol=1e-14)
+    np.testing.assert_allclose(r["stress"], S.mean(0), rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(r["stress_std"], S.std(0), rtol=1e-9, atol=1e-14)
+    assert committee.n_members == 3 and r["member_forces"].shape == (3, len(atoms), 3)
+    with pytest.raises(ValueError, match="at least 2 members, got 1"):
+        CommitteeCalculator(template, members[:1], 0.85, dtype="float64")
+
+
+def test_committee_of_mace_files(models, tmp_path):
+    """MACE members from files: one vectorised call equals each member's own
+    calculator; a file of another architecture is refused by name."""
+    from chemtrain.calculator import CommitteeCalculator
+    m = models("small")
+    members = [m["params"], *[jax_scaled(m["params"], f) for f in (0.9, 1.1)]]
+    paths = []
+    for k, p in enumerate(members):
+        paths.append(str(tmp_path / f"m_member{k}.npz"))
+        cm.save(paths[-1], m["cfg"], p)
+    atoms = cell()
+    E, F = _members_of(lambda p: chemtrain_calc(m, p), members, atoms)
+    committee = CommitteeCalculator.from_mace(paths, capacity=CAPACITY)
+    a = atoms.copy()
+    a.calc = committee
+    a.get_forces()
+    r = committee.results
+    np.testing.assert_allclose(r["energy_std"], E.std(), rtol=1e-6)
+    np.testing.assert_allclose(r["forces_std"], np.sqrt(F.var(0).sum(-1)), rtol=1e-6,
+                               atol=1e-9)
+    other = str(tmp_path / "other.npz")
+    cm.save(other, models("medium")["cfg"], models("medium")["params"])
+    with pytest.raises(ValueError, match=r"other.npz' is a model of another architecture than "
+                                         r".*m_member0.npz"):
+        CommitteeCalculator.from_mace([paths[0], other])
+
+
+def jax_scaled(params, factor):
+    """Parameters with every leaf scaled (another member of the same shapes)."""
+    import jax
+    return jax.tree.map(lambda x: np.asarray(x) * factor, params)

@@ -1,0 +1,90 @@
+"""chemtrain.uncertainty: calibration numbers on cases whose answer is known
+by construction, selection against the members' own calculators (numpy),
+and the error paths."""
+import ase
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from chemtrain.calculator import ChemtrainCalculator, CommitteeCalculator
+from chemtrain.uncertainty import calibration, committee_forces, fit_scale, select
+
+
+def _prediction(forces, spread):
+    """A committee_forces entry whose two members sit at forces -+ spread
+    (their std is exactly ``spread``)."""
+    forces, spread = np.asarray(forces, float), np.asarray(spread, float)
+    return {"forces": forces, "member_forces": np.stack([forces - spread, forces + spread])}
+
+
+def test_calibration_on_known_cases():
+    rng = np.random.default_rng(0)
+    spreads = [np.full((4, 3), s) for s in (0.01, 0.02, 0.05, 0.1, 0.2)]
+    # errors exactly 1.5 spreads: every component within 2 std, none within 1
+    preds = [_prediction(np.zeros((4, 3)), s) for s in spreads]
+    refs = [-1.5 * s for s in spreads]
+    report = calibration(preds, refs)
+    assert report["within"] == {1: 0.0, 2: 1.0, 3: 1.0}
+    assert report["spearman"] == pytest.approx(1.0)          # error grows with the spread
+    assert report["per_structure"]["actual"] == pytest.approx([1.5 * s[0, 0] for s in spreads])
+    assert fit_scale(preds, refs) == pytest.approx(1.5)
+    assert calibration(preds, refs, scale=1.5)["within"][1] == 1.0
+    # errors that shrink as the spread grows rank the other way
+    assert calibration(preds, refs[::-1])["spearman"] == pytest.approx(-1.0)
+    # Gaussian errors of the predicted size: about 68/95/99.7 %
+    spread = rng.uniform(0.05, 0.5, (4000, 3))
+    preds = [_prediction(np.zeros((4000, 3)), spread)]
+    report = calibration(preds, [rng.standard_normal((4000, 3)) * spread])
+    assert abs(report["within"][1] - 0.683) < 0.02 and abs(report["within"][2] - 0.954) < 0.01
+    with pytest.raises(ValueError, match="2 structures but 1 reference"):
+        calibration(preds * 2, [np.zeros((4000, 3))])
+    with pytest.raises(ValueError, match=r"reference forces of shape \(3, 3\)"):
+        calibration(preds, [np.zeros((3, 3))])
+
+
+@pytest.fixture(scope="module")
+def lj_committee():
+    from jax_md import space
+    from chemtrain.models.pair import lennard_jones_template
+    template = lennard_jones_template(space.free()[0], 0.85, 0.765)
+    members = [{"sigma": s, "epsilon": e} for s, e in ((0.34, 1.0), (0.32, 1.2), (0.36, 0.8))]
+    return template, members, CommitteeCalculator(template, members, 0.85, dtype="float64")
+
+
+def _pool(n=6):
+    """Argon clusters, some squeezed: there the members disagree most."""
+    rng = np.random.default_rng(3)
+    base = np.stack(np.meshgrid(*[np.arange(3)] * 3, indexing="ij"), -1).reshape(-1, 3)
+    return [ase.Atoms("Ar27", positions=(base + rng.uniform(-0.1, 0.1, base.shape))
+                      * (3.1 + 0.25 * (i % 3))) for i in range(n)]
+
+
+def test_select_ranks_as_the_members_own_calculators_do(lj_committee):
+    template, members, committee = lj_committee
+    pool = _pool()
+    singles = [ChemtrainCalculator(template, p, 0.85, dtype="float64") for p in members]
+    want = []
+    for atoms in pool:
+        forces = []
+        for calc in singles:
+            a = atoms.copy()
+            a.calc = calc
+            forces.append(a.get_forces())
+        want.append(np.sqrt(np.var(np.array(forces), axis=0).sum(-1)).max())
+    picked = select(committee, pool, 3)
+    np.testing.assert_array_equal(picked, np.argsort(-np.array(want), kind="stable")[:3])
+    scores = [r["scores"]["forces_std"] for r in committee_forces(committee, pool)]
+    np.testing.assert_allclose(scores, want, rtol=1e-9)
+
+
+def test_select_refuses_bad_input(lj_committee):
+    committee = lj_committee[2]
+    pool = _pool(3)
+    with pytest.raises(ValueError, match=r"from 1 to the pool's size \(3\), got 4"):
+        select(committee, pool, 4)
+    with pytest.raises(ValueError, match="by must be one of"):
+        select(committee, pool, 1, by="variance")
+    with pytest.raises(ValueError, match="Structure 1 of the pool has no positions"):
+        select(committee, [pool[0], {"numbers": [18]}], 1)
+    with pytest.raises(ValueError, match="Structure 0 of the pool has no positions"):
+        select(committee, [ase.Atoms()], 1)
