@@ -86,7 +86,7 @@ def run(argv=None) -> dict:
     import jax.numpy as jnp
     import optax
     from ..models import mace
-    from ..trainers import ForceMatching
+    from ..trainers import EnsembleOfModels, ForceMatching
     dtype = np.float64 if args.default_dtype == "float64" else np.float32
     out = args.results_dir
     earlier = check_folder(out, args.name, args.restart_latest)
@@ -165,10 +165,22 @@ def run(argv=None) -> dict:
     optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, steps, alpha=0.05))
     template = mace.energy_fn_template(cfg, displacement)
     ckpt_dir = os.path.join(out, "checkpoints")
-    trainer = ForceMatching(params, optimizer, template, nbrs_init, batch=args.batch_size,
-                            parallelism=args.parallelism, gammas=gammas, weights_keys=weights_keys,
-                            checkpoint_path=ckpt_dir, log_file=os.path.join(out, "metrics.jsonl"),
-                            seed=args.seed, epoch_line=R.epoch_line(ready.get("validation")))
+    options = dict(batch=args.batch_size, parallelism=args.parallelism, gammas=gammas,
+                   weights_keys=weights_keys, checkpoint_path=ckpt_dir,
+                   log_file=os.path.join(out, "metrics.jsonl"), seed=args.seed,
+                   epoch_line=R.epoch_line(ready.get("validation")))
+    if args.ensemble_size > 1:
+        if hdf5:
+            raise DataError("--ensemble_size trains from in-memory data (each member draws its "
+                            "own order): give --train_file as extxyz or npz, or train one model.")
+        members = M.committee_params(cfg, params, args, dtype)
+        notes.append(f"A committee of {args.ensemble_size} members, trained in one vectorised "
+                     f"step" + (", each on its own bootstrap sample" if args.ensemble_bootstrap
+                                else "") + ".")
+        trainer = EnsembleOfModels(members, optimizer, template, nbrs_init,
+                                   bootstrap=args.ensemble_bootstrap, **options)
+    else:
+        trainer = ForceMatching(params, optimizer, template, nbrs_init, **options)
     root = trainer.strategy.is_root
     say = print if root else (lambda *a, **k: None)
     setup = setup_record(args, sets, rows, not args.foundation_model)
@@ -239,25 +251,11 @@ def run(argv=None) -> dict:
         curve = os.path.join(out, "curve.png")
         if os.path.exists(metrics) and R.curve_plot(curve, metrics):
             results["curve_plot"] = curve
-        model_npz = os.path.join(out, f"{args.name}.npz")
-        mace.save(model_npz, cfg, trainer.params)
-        results["model_npz"] = model_npz
-        if not args.no_torch_export:
-            model_torch = os.path.join(out, f"{args.name}.model")
-            mace.export_mace_torch(cfg, trainer.params, model_torch, overwrite=True)  # ours
-            results["model_torch"] = model_torch
+        results.update(M.write_models(out, args, cfg, trainer))
         with open(os.path.join(out, "results.json"), "w") as f:
             json.dump(results, f, indent=1)
         say(f"Parity plot: {plot}" + (f"; learning curve: {curve}" if "curve_plot" in results else ""))
-        say(f"Model: {model_npz}" + (f" and {results['model_torch']}" if "model_torch" in results
-                                     else ""))
-        say("Load it in ASE:\n"
-            f"  from chemtrain.calculator import ChemtrainCalculator; "
-            f"atoms.calc = ChemtrainCalculator.from_mace({model_npz!r})"
-            + ("" if "model_torch" not in results else
-               f"\n  from mace.calculators import MACECalculator; atoms.calc = "
-               f"MACECalculator(model_paths={results['model_torch']!r}, device='cpu', "
-               f"default_dtype={args.default_dtype!r})"))
+        say(R.models_note(results, args.default_dtype))
     return results
 
 

@@ -160,6 +160,14 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--lr", type=_POSITIVE, default=0.01, help="peak learning rate (Adam, cosine "
                                                           "decay to 5 %% of it)")
     g.add_argument("--seed", type=int, default=0, help="split, initialisation and batch order")
+    g.add_argument("--ensemble_size", type=_AT_LEAST_ONE, default=1,
+                   help="chemtrain: train a committee of this many models in one vectorised "
+                        "step (chemtrain.trainers.EnsembleOfModels); each member starts from "
+                        "its own initialisation (seed + k) and batch order, and is written as "
+                        "<name>_member<k>; chemtrain-select picks structures by their spread")
+    g.add_argument("--ensemble_bootstrap", action="store_true",
+                   help="chemtrain: train each member on its own bootstrap sample of the "
+                        "training set")
     g.add_argument("--default_dtype", default="float32", choices=["float32", "float64"])
     g.add_argument("--parallelism", default="auto", choices=["auto", "single", "jax", "mpi"],
                    help="chemtrain: how the batch is split (see chemtrain.parallel)")

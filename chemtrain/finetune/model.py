@@ -164,3 +164,40 @@ def describe(cfg, params) -> str:
     return (f"{len(cfg.layers)} layers, hidden {cfg.layers[0].hidden_irreps}, L_max "
             f"{cfg.max_ell}, correlation {layer.correlation}, r_max {cfg.r_max} A, {n} parameters")
 
+
+
+def committee_params(cfg, params, args, dtype) -> list:
+    """The starting parameters of ``--ensemble_size`` members: from a
+    foundation model, each member starts from its parameters (they differ in
+    batch order and, with ``--ensemble_bootstrap``, in their data); a
+    random model initialises member ``k`` with ``--seed + k``."""
+    import jax
+    import jax.numpy as jnp
+    from ..models import mace
+    if args.foundation_model:
+        return [params] * args.ensemble_size
+    return [jax.tree.map(lambda p: jnp.asarray(p, dtype),
+                         mace.init_params(cfg, jax.random.PRNGKey(args.seed + k), dtype))
+            for k in range(args.ensemble_size)]
+
+
+def write_models(out: str, args, cfg, trainer) -> dict:
+    """Write the trained model (``<name>.npz`` and, unless
+    ``--no_torch_export``, ``<name>.model``), or a committee's members as
+    ``<name>_member<k>``; return the paths for ``results.json``
+    (``model_npz``/``model_torch``, a committee's as lists
+    ``members_npz``/``members_torch``)."""
+    from ..models import mace
+    one = getattr(trainer, "n_members", None) is None
+    members = [trainer.params] if one else [trainer.member(k) for k in range(trainer.n_members)]
+    names = [args.name] if one else [f"{args.name}_member{k}" for k in range(len(members))]
+    npz, torch = [], []
+    for name, params in zip(names, members):
+        npz.append(os.path.join(out, f"{name}.npz"))
+        mace.save(npz[-1], cfg, params)
+        if not args.no_torch_export:
+            torch.append(os.path.join(out, f"{name}.model"))
+            mace.export_mace_torch(cfg, params, torch[-1], overwrite=True)  # ours
+    if one:
+        return {"model_npz": npz[0], **({"model_torch": torch[0]} if torch else {})}
+    return {"members_npz": npz, **({"members_torch": torch} if torch else {})}

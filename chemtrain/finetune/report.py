@@ -3,6 +3,8 @@ components in eV/Angstrom, stress in eV/Angstrom^3), the parity plot and the
 learning curve."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from .data import ENERGY, FORCE, STRESS
@@ -140,3 +142,25 @@ def curve_plot(path: str, metrics_file: str) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def models_note(results: dict, dtype: str) -> str:
+    """Where the models were written and how to load them in ASE."""
+    if "members_npz" in results:
+        files = results["members_npz"]
+        text = (f"Committee: {len(files)} members, {files[0]} ... {files[-1]}"
+                + (" and their .model files" if "members_torch" in results else ""))
+        return (text + "\nLoad it in ASE:\n  from chemtrain.calculator import "
+                f"CommitteeCalculator; atoms.calc = CommitteeCalculator.from_mace({files!r})\n"
+                f"Pick the structures to label next: chemtrain-select --model_dir "
+                f"{os.path.dirname(files[0]) or '.'} --pool POOL.xyz --n 20 --out picked.xyz")
+    model_npz = results["model_npz"]
+    text = f"Model: {model_npz}" + (f" and {results['model_torch']}" if "model_torch" in results
+                                   else "")
+    return (text + "\nLoad it in ASE:\n"
+            f"  from chemtrain.calculator import ChemtrainCalculator; "
+            f"atoms.calc = ChemtrainCalculator.from_mace({model_npz!r})"
+            + ("" if "model_torch" not in results else
+               f"\n  from mace.calculators import MACECalculator; atoms.calc = "
+               f"MACECalculator(model_paths={results['model_torch']!r}, device='cpu', "
+               f"default_dtype={dtype!r})"))

@@ -63,6 +63,8 @@ def setup_record(args, sets: dict, rows: dict, model_flags: bool) -> dict:
            "--E0s": args.E0s}
     if model_flags:
         out.update({f"--{k}": getattr(args, k) for k in M.SIZE_FLAGS})
+    out.update({"--ensemble_size": args.ensemble_size,
+                "--ensemble_bootstrap": args.ensemble_bootstrap})
     return out
 
 
@@ -70,7 +72,8 @@ def check_resumed(setup: dict, record: str) -> None:
     if not os.path.exists(record):
         return  # a run from before setup records: nothing to compare with
     with open(record) as f:
-        then = json.load(f)
+        # records of runs from before committees: one model
+        then = {"--ensemble_size": 1, "--ensemble_bootstrap": False, **json.load(f)}
     changed = [f"{k} (then {then[k]!r}, now {v!r})" if k.startswith("--") else k
                for k, v in setup.items() if k in then and then[k] != v]
     if changed:
