@@ -2,7 +2,6 @@
 by construction, selection against the members' own calculators (numpy),
 and the error paths."""
 import ase
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
