@@ -18,3 +18,9 @@ done
 # DiffTRe on MACE (issue 20's probe): peak memory per vmap_batch, reweight against recompute
 python3 benchmarks/difftre_mace.py --snapshots 200 --big 2000 2>&1 \
     | grep -v -i warn | tee -a "$OUT/gpu_bench.log"
+# Committees (issue 34): K members in one vectorised step against K runs, the
+# committee calculator against K calls, peak memory against K
+python3 benchmarks/ensemble.py --members 4 --epochs 5 2>&1 \
+    | grep -v -i warn | tee -a "$OUT/gpu_bench.log"
+python3 benchmarks/ensemble.py --members 8 --epochs 5 --memory-k 1,8,16 2>&1 \
+    | grep -v -i warn | tee -a "$OUT/gpu_bench.log"
