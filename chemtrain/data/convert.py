@@ -90,19 +90,17 @@ def read_npz(path, length, energy) -> dict:
     """All frames of an sGDML/MD22 npz, each array read once, in chemtrain units.
 
     Args:
-      path: the ``.npz`` file, with ``R`` (frames, atoms, 3), ``z`` (atoms,),
-        ``E`` (frames,) or (frames, 1) and ``F`` (frames, atoms, 3).
+      path: the ``.npz`` file: ``R`` (frames, atoms, 3), ``z`` (atoms,), ``E``
+        (frames,) or (frames, 1), ``F`` (frames, atoms, 3).
       length: factor from the file's length unit to nm.
       energy: factor from the file's energy unit to kJ/mol.
 
     Returns:
-      A dict of numpy arrays: ``R`` (frames, atoms, 3) scaled by ``length``,
-      ``F`` by ``energy / length``, ``U`` (frames,) by ``energy``,
-      ``species`` (frames, atoms) and ``natoms`` (frames,).
+      numpy arrays ``R`` (frames, atoms, 3) times ``length``, ``F`` times ``energy
+      / length``, ``U`` (frames,) times ``energy``, ``species``, ``natoms``.
 
     Raises:
-      KeyError: a key is missing.
-      ConversionError: an array has the wrong shape or a value is not finite.
+      KeyError, ConversionError: a missing key; a wrong shape or a NaN.
     """
     with np.load(path, allow_pickle=False) as z:
         missing = [k for k in ("R", "z", "E", "F") if k not in z.files]
