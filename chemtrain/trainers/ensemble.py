@@ -56,8 +56,9 @@ class EnsembleOfModels(ForceMatching):
       gammas: loss weight per target, as in :class:`ForceMatching`.
       weights_keys: per-structure weights, as in :class:`ForceMatching`.
       checkpoint_path: folder for checkpoints and error states.
-      log_file: JSON-lines metrics file (one line per epoch, with each
-        member's training loss under ``members``), or None.
+      log_file: JSON-lines metrics file, or None: one line per epoch with
+        the committee's validation metrics (``val``), each member's training
+        loss (``members``) and validation metrics (``val_members``).
       seed: member ``k`` orders its batches with ``seed + k``.
       progress: tqdm bars (root process, on a terminal).
       check_vma: as in :class:`ForceMatching`.

@@ -185,6 +185,9 @@ class ForceMatching(HoldsState):
                 monitored = val["loss"]
                 done["val_losses"] = [*self.state.val_losses, monitored]
                 record.update(val_loss=monitored, val={t: val[t] for t in self.gammas})
+                if "members" in val:   # a committee's: each member's too
+                    record["val_members"] = [{"loss": m["loss"], **{t: m[t] for t in self.gammas}}
+                                             for m in val["members"]]
             text = f"epoch {epoch}: " + self.epoch_line(record)
             if monitored < self.state.best_loss:
                 done.update(best_loss=monitored, best_params=self.strategy.to_host(self.params))

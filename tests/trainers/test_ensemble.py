@@ -72,6 +72,10 @@ def test_committee_metrics_and_predictions_are_the_members_mean(setup, tmp_path)
     np.testing.assert_allclose(pred["U"], pred["U_members"].mean(1), rtol=1e-12)
     np.testing.assert_allclose(pred["F_std"], pred["F_members"].std(1), rtol=1e-10, atol=1e-12)
     metrics = tr.evaluate("validation")
+    record = tr.history[-1]
+    assert len(record["members"]) == len(record["val_members"]) == K
+    assert record["val"]["F"] == metrics["F"]
+    assert record["val_members"][1]["F"] == metrics["members"][1]["F"]
     err = pred["F"] - test["F"]
     np.testing.assert_allclose(metrics["F"]["RMSE"], np.sqrt(np.mean(err ** 2)), rtol=1e-9)
     for k in range(K):
