@@ -12,17 +12,22 @@ fi
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PY="$VENV/bin/python"
 export PATH="$PWD/$VENV/bin:$PATH"
-"$PY" -m pip install -q --upgrade pip
-"$PY" -m pip install -q -r scripts/requirements.txt
+echo "installing chemtrain and its dependencies into $VENV (a few minutes the first time)"
+# -qq: errors only. pip's warnings here are about the machine's own pip
+# configuration (index folders it lacks) and setuptools' notes on editable
+# installs, nothing a user of chemtrain can act on.
+Q=-qq
+"$PY" -m pip install $Q --upgrade pip
+"$PY" -m pip install $Q -r scripts/requirements.txt
 # jax-md's declared requirements pull pymatgen, pandas and plotly (~220 MB)
 # that only jax_md.a2c uses; its import-time needs are in requirements.txt.
-"$PY" -m pip install -q --no-deps jax-md==0.2.29
+"$PY" -m pip install $Q --no-deps jax-md==0.2.29
 # mpi4jax compiles against the mpicc on PATH (the mpich wheel's). A CUDA
 # toolkit without a GPU breaks its build, so hide it; never reuse a cached
 # wheel built against another MPI.
 if ! "$PY" -c "import mpi4jax" >/dev/null 2>&1; then
-  CUDA_PATH=$(mktemp -d) "$PY" -m pip install -q --no-cache-dir "mpi4jax==0.9.1.post2"
+  CUDA_PATH=$(mktemp -d) "$PY" -m pip install $Q --no-cache-dir "mpi4jax==0.9.1.post2"
 fi
-"$PY" -m pip install -q --no-deps -e .
+"$PY" -m pip install $Q --no-deps -e .
 echo "$want" > "$STAMP"
 echo "chemtrain environment ready in $VENV"
