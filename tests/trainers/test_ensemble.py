@@ -101,8 +101,10 @@ def test_resume_is_bitwise(setup, tmp_path):
 def test_two_devices_and_two_ranks_equal_one_process(setup, tmp_path):
     one = _committee(setup, tmp_path / "one", parallelism="single")
     one.train(EPOCHS)
-    two = _committee(setup, tmp_path / "two", parallelism="jax")
-    assert two.strategy.n_shards >= 2
+    from jax.sharding import Mesh
+    two = _committee(setup, tmp_path / "two", parallelism="jax",
+                     mesh=Mesh(np.array(jax.devices()[:2]), ("data",)))
+    assert two.strategy.n_shards == 2
     two.train(EPOCHS)
     _close(two.params, one.params, 1e-9)
     out = tmp_path / "mpi"
