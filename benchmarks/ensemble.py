@@ -117,7 +117,6 @@ def train_child(kind, k, n_frames, epochs, model="mace"):
 
 def calculator_times(k, repeats=20):
     import ase.build
-    from ase.calculators.emt import EMT  # noqa: F401  (same ASE import cost on both sides)
     from chemtrain.calculator import ChemtrainCalculator, CommitteeCalculator
     _, members, _, cfg = problem(8, k)
     atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True) * (3, 3, 3)

@@ -245,11 +245,12 @@ class CommitteeCalculator(ChemtrainCalculator):
     def __init__(self, energy_fn_template, members, cutoff: float, *,
                  neighbor_format: str = "sparse", species_kwarg: str | None = "species",
                  capacity: int | None = None, growth: float = 1.5, dtype=None, **kwargs):
+        from chemtrain.learn.ensemble import as_stacked
         Calculator.__init__(self, **kwargs)
         if neighbor_format not in FORMATS:
             raise ValueError(f"neighbor_format must be one of {FORMATS}, got {neighbor_format!r}.")
         self._setup(TemplateModel(energy_fn_template, float(cutoff) / NM, neighbor_format,
-                                  species_kwarg, members=True), _stacked(members), capacity,
+                                  species_kwarg, members=True), as_stacked(members), capacity,
                     growth, dtype)
 
     @classmethod
@@ -265,6 +266,7 @@ class CommitteeCalculator(ChemtrainCalculator):
           ValueError: a file of another architecture than the first (named),
             fewer than two members.
         """
+        from chemtrain.learn.ensemble import as_stacked
         from chemtrain.models import mace
         if isinstance(models, mace.MaceConfig):
             if params is None:
@@ -287,7 +289,7 @@ class CommitteeCalculator(ChemtrainCalculator):
             members = [p for _, p in loaded]
         self = cls.__new__(cls)
         Calculator.__init__(self, **kwargs)
-        self._setup(MaceModel(cfg, method, members=True), _stacked(members), capacity, growth,
+        self._setup(MaceModel(cfg, method, members=True), as_stacked(members), capacity, growth,
                     dtype)
         return self
 
@@ -310,14 +312,6 @@ class CommitteeCalculator(ChemtrainCalculator):
             self.results.update(stress=stresses.mean(0), stress_std=stresses.std(0),
                                 member_stresses=stresses)
 
-
-def _stacked(members):
-    from chemtrain.learn.ensemble import n_members, stack_members
-    if isinstance(members, (list, tuple)):
-        return stack_members(members)
-    if n_members(members) < 2:
-        raise ValueError(f"A committee needs at least 2 members, got {n_members(members)}.")
-    return members
 
 def check_atoms(atoms, want_stress: bool) -> None:
     """Refuse structures a calculator cannot evaluate: stress without a fully

@@ -22,8 +22,8 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["committee_forces", "select", "calibration", "fit_scale", "plot_calibration",
-           "as_frames", "SCORES"]
+__all__ = ["committee_forces", "scores", "rank", "select", "calibration", "fit_scale",
+           "plot_calibration", "as_frames", "SCORES"]
 
 #: per-structure uncertainty scores :func:`select` can rank by
 SCORES = ("forces_std", "forces_std_mean", "energy_std")
@@ -77,6 +77,49 @@ def committee_forces(committee, frames) -> list[dict]:
     return out
 
 
+def scores(committee, pool, by: str = "forces_std") -> np.ndarray:
+    """Each structure's uncertainty score.
+
+    Args:
+      committee: a :class:`~chemtrain.calculator.CommitteeCalculator`.
+      pool: ``ase.Atoms`` structures, or a path ASE reads.
+      by: the score, one of :data:`SCORES` (see :func:`select`).
+
+    Returns:
+      One score per structure (eV/Å; ``energy_std``: eV per atom).
+
+    Raises:
+      ValueError: unknown ``by``, a structure without positions.
+    """
+    if by not in SCORES:
+        raise ValueError(f"by must be one of {SCORES}, got {by!r}.")
+    return np.array([r["scores"][by] for r in committee_forces(committee, pool)])
+
+
+def _check_n(n, size: int) -> None:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= size:
+        raise ValueError(f"n must be a whole number from 1 to the pool's size ({size}), "
+                         f"got {n!r}.")
+
+
+def rank(values, n: int) -> np.ndarray:
+    """The indices of the ``n`` largest ``values``, largest first (ties: the
+    lower index first).
+
+    Args:
+      values: the scores, one per structure.
+      n: how many to pick.
+
+    Returns:
+      ``n`` indices into ``values``.
+
+    Raises:
+      ValueError: ``n`` is not a whole number from 1 to ``len(values)``.
+    """
+    _check_n(n, len(values))
+    return np.argsort(-np.asarray(values), kind="stable")[:n]
+
+
 def select(committee, pool, n: int, by: str = "forces_std") -> np.ndarray:
     """The indices of the ``n`` most uncertain structures of ``pool``.
 
@@ -99,11 +142,8 @@ def select(committee, pool, n: int, by: str = "forces_std") -> np.ndarray:
     if by not in SCORES:
         raise ValueError(f"by must be one of {SCORES}, got {by!r}.")
     frames = _frames(pool)
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= len(frames):
-        raise ValueError(f"n must be a whole number from 1 to the pool's size ({len(frames)}), "
-                         f"got {n!r}.")
-    scores = np.array([r["scores"][by] for r in committee_forces(committee, frames)])
-    return np.argsort(-scores, kind="stable")[:n]
+    _check_n(n, len(frames))   # before the committee runs
+    return rank(scores(committee, frames, by), n)
 
 
 def _errors(predictions, reference_forces):

@@ -107,8 +107,8 @@ class MemberLoader:
 
     def local_batches(self, strategy, epoch: int = 0) -> Iterator[dict]:
         """This process's rows of each step, arrays ``(rows, K, ...)``."""
-        rows = strategy.local_rows(self.batch)
         for idx in self.global_batches(epoch):
             local = strategy.select_rows(self.base.data, idx, self.schema, self.batch)
-            local[VALID] = np.ones((len(range(self.batch)[rows]), self.n_members), bool)
+            rows = len(next(iter(local.values())))
+            local[VALID] = np.ones((rows, self.n_members), bool)   # training: no padding
             yield local

@@ -85,7 +85,7 @@ def run(argv=None) -> list[int]:
     import ase.io
     import numpy as np
     from ..calculator import CommitteeCalculator
-    from ..uncertainty import as_frames, committee_forces
+    from ..uncertainty import as_frames, rank, scores
     if bool(args.model_dir) == bool(args.models):
         raise DataError("Give the committee either as --model_dir or as --models, not both "
                         "(nor neither).")
@@ -101,18 +101,18 @@ def run(argv=None) -> list[int]:
         raise DataError(str(e)) from e
     if args.n > len(frames):
         raise DataError(f"--n {args.n} is more than the pool's {len(frames)} structures.")
-    scores = np.array([r["scores"][args.by] for r in committee_forces(committee, frames)])
-    picked = np.argsort(-scores, kind="stable")[:args.n]
+    score = scores(committee, frames, args.by)
+    picked = rank(score, args.n)
     out = []
     for i in picked:
         atoms = frames[int(i)].copy()
-        atoms.info.update(pool_index=int(i), **{f"committee_{args.by}": float(scores[i])})
+        atoms.info.update(pool_index=int(i), **{f"committee_{args.by}": float(score[i])})
         out.append(atoms)
     ase.io.write(args.out, out, format="extxyz")
     unit = "eV/atom" if args.by == "energy_std" else "eV/A"
     print(f"Picked {len(out)} of {len(frames)} structures by {args.by} (committee of "
-          f"{committee.n_members}; scores {scores[picked[0]]:.4g} to {scores[picked[-1]]:.4g} "
-          f"{unit}, pool median {np.median(scores):.4g}): {args.out}")
+          f"{committee.n_members}; scores {score[picked[0]]:.4g} to {score[picked[-1]]:.4g} "
+          f"{unit}, pool median {np.median(score):.4g}): {args.out}")
     print("pool indices:", " ".join(str(int(i)) for i in picked))
     return [int(i) for i in picked]
 

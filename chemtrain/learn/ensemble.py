@@ -28,6 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from ..data.loader import InMemoryLoader
+from ..data.members import MemberLoader
+from . import force_matching as fm
+from .step import make_reduced, make_update
 
 
 def stack_members(members: Sequence) -> object:
@@ -65,6 +69,21 @@ def stack_members(members: Sequence) -> object:
     return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *members)
 
 
+def as_stacked(members):
+    """A committee's parameters as one stacked pytree: a list or tuple of K
+    member pytrees is stacked (:func:`stack_members`); anything else is taken
+    as already stacked and must hold at least two members.
+
+    Raises:
+      ValueError: fewer than two members, or members that differ (named).
+    """
+    if isinstance(members, (list, tuple)):
+        return stack_members(members)
+    if n_members(members) < 2:
+        raise ValueError(f"A committee needs at least 2 members, got {n_members(members)}.")
+    return members
+
+
 def n_members(stacked) -> int:
     """The number of members of a stacked pytree (its leaves' first axis)."""
     return int(np.shape(jax.tree.leaves(stacked)[0])[0])
@@ -91,13 +110,11 @@ def member_loss(shard_loss: Callable) -> Callable:
       ``(rows, K, ...)``, member ``k`` seeing column ``k``. ``loss`` is the
       sum of the members' losses (each member's parameters enter only its
       own term, so its gradient is that member's), ``aux`` holds ``parts``
-      (per target, shape (K,)), ``nbr_errors`` (summed) and ``members``, the
-      members' losses (K,).
+      (per target, shape (K,)) and ``nbr_errors`` (summed).
     """
     def loss(params, batch):
         losses, aux = jax.vmap(shard_loss, in_axes=(0, 1))(params, batch)
-        return jnp.sum(losses), {"parts": aux["parts"], "nbr_errors": jnp.sum(aux["nbr_errors"]),
-                                 "members": losses}
+        return jnp.sum(losses), {"parts": aux["parts"], "nbr_errors": jnp.sum(aux["nbr_errors"])}
     return loss
 
 
@@ -113,16 +130,22 @@ def committee_predictor(predict: Callable) -> Callable:
       ``nbr_error`` where any member's list failed.
     """
     def committee(params, R, kwargs, stress=False):
-        preds, errors = jax.vmap(lambda p: predict(p, R, kwargs, stress))(params)
-        out = {}
-        for key, value in preds.items():
-            if key == "has_stress":
-                out[key] = value[0]
-                continue
-            out[key] = jnp.mean(value, axis=0)
-            out[f"{key}_std"] = jnp.std(value, axis=0)
-        return out, jnp.any(errors, axis=0)
+        return committee_of(*jax.vmap(lambda p: predict(p, R, kwargs, stress))(params))
     return committee
+
+
+def committee_of(preds, errors):
+    """The committee's ``(pred, nbr_error)`` from its members' predictions
+    and neighbor-list errors (stacked on axis 0): mean and ``*_std`` of every
+    predicted quantity, ``has_stress`` of the structures, any error."""
+    out = {}
+    for key, value in preds.items():
+        if key == "has_stress":
+            out[key] = value[0]
+            continue
+        out[key] = jnp.mean(value, axis=0)
+        out[f"{key}_std"] = jnp.std(value, axis=0)
+    return out, jnp.any(errors, axis=0)
 
 
 def trainer_functions(n: int, bootstrap: bool = False) -> Callable:
@@ -144,11 +167,6 @@ def trainer_functions(n: int, bootstrap: bool = False) -> Callable:
       ``U_std``, ``F_std`` and each member's ``U_members`` (rows, K),
       ``F_members`` (rows, K, atoms, 3).
     """
-    from ..data.loader import InMemoryLoader
-    from ..data.members import MemberLoader
-    from . import force_matching as fm
-    from .step import make_reduced, make_update
-
     def training_loader(loader):
         if not isinstance(loader, InMemoryLoader):
             raise TypeError(f"A committee trains from in-memory data (set_datasets or "
@@ -173,22 +191,30 @@ def trainer_functions(n: int, bootstrap: bool = False) -> Callable:
 
     def make(template, nbrs_init, optimizer, strategy, gammas, weights_keys, exclude):
         predict = fm.make_predictor(template, nbrs_init, strategy.vary)
-        committee = committee_predictor(predict)
         loss = member_loss(fm.make_shard_loss(predict, gammas, weights_keys, exclude))
-        one = fm.make_metric_sums(predict, gammas, weights_keys, exclude)
-        mean = fm.make_metric_sums(committee, gammas, weights_keys, exclude)
+        stress = "stress" in gammas
+
+        def members(params, batch, with_stress):
+            """Every member's (pred, nbr_error), computed once per batch."""
+            kwargs = fm.batch_kwargs(batch, exclude)
+            return jax.vmap(lambda p: predict(p, batch["R"], kwargs, with_stress))(params)
+
+        def metric_sums(given, batch):
+            # the force-matching metric sums of predictions already made
+            return fm.make_metric_sums(lambda *a, **k: given, gammas, weights_keys,
+                                       exclude)(None, batch)
 
         def sums(params, batch):
-            c = mean(params, batch)
-            return {"committee": c, "members": jax.vmap(one, in_axes=(0, None))(params, batch),
-                    "nbr_errors": c["nbr_errors"]}
+            preds, errors = members(params, batch, stress)
+            c = metric_sums(committee_of(preds, errors), batch)
+            each = jax.vmap(lambda p, e: metric_sums((p, e), batch))(preds, errors)
+            return {"committee": c, "members": each, "nbr_errors": c["nbr_errors"]}
 
         def predictions(params, batch):
-            kwargs = fm.batch_kwargs(batch, exclude)
-            members, _ = jax.vmap(lambda p: predict(p, batch["R"], kwargs))(params)
-            pred, _ = committee(params, batch["R"], kwargs)
-            return {**pred, "U_members": jnp.moveaxis(members["U"], 0, 1),
-                    "F_members": jnp.moveaxis(members["F"], 0, 1)}
+            preds, errors = members(params, batch, False)
+            return {**committee_of(preds, errors)[0],
+                    "U_members": jnp.moveaxis(preds["U"], 0, 1),
+                    "F_members": jnp.moveaxis(preds["F"], 0, 1)}
 
         return fm.TrainerFunctions(
             update=make_update(loss, optimizer, strategy),

@@ -31,6 +31,7 @@ import numpy as np
 from ..data.loader import VALID
 from ..ensemble import volume
 from ..neighbors import GRAPH_KEYS, graph_from, mask_graph
+from .step import make_reduced, make_update
 
 TARGETS = ("U", "F", "stress")
 
@@ -307,7 +308,6 @@ def trainer_functions(template, nbrs_init, optimizer, strategy, gammas: Mapping,
     Returns:
       Its :class:`TrainerFunctions`.
     """
-    from .step import make_reduced, make_update
     predict = make_predictor(template, nbrs_init, strategy.vary)
     loss_fn = make_shard_loss(predict, gammas, weights_keys, exclude)
     return TrainerFunctions(

@@ -13,7 +13,7 @@ checkpoints, resume and failures.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping
 
 import numpy as np
 import optax
@@ -37,9 +37,9 @@ class EnsembleOfModels(ForceMatching):
     the spread over members and each member's prediction.
 
     Args:
-      init_params: K >= 2 parameter pytrees of one structure (e.g. the
-        template's initialiser with K keys), or a pytree whose leaves stack
-        the K members on axis 0 (``chemtrain.learn.ensemble.stack_members``).
+      init_params: a list of K >= 2 parameter pytrees of one structure (e.g.
+        the template's initialiser with K keys), or a pytree whose leaves
+        stack the K members on axis 0 (``chemtrain.learn.ensemble.as_stacked``).
       optimizer: an ``optax.GradientTransformation``; each member gets its own
         state.
       energy_fn_template: as in :class:`ForceMatching` (one member's).
@@ -81,9 +81,7 @@ class EnsembleOfModels(ForceMatching):
                  seed: int = 0, progress: bool = True, check_vma: bool | None = None,
                  consistency_check_every: int | None = None,
                  epoch_line: Callable[[dict], str] | None = None):
-        stacked = ens.stack_members(init_params) if isinstance(init_params, Sequence) \
-            else ens.stack_members([ens.member_params(init_params, k)
-                                    for k in range(ens.n_members(init_params))])
+        stacked = ens.as_stacked(init_params)
         if not isinstance(optimizer, optax.GradientTransformation):
             raise TypeError(f"optimizer must be an optax.GradientTransformation, got "
                             f"{type(optimizer).__name__}.")
