@@ -160,7 +160,7 @@ def trainer_functions(n: int, bootstrap: bool = False) -> Callable:
 
     Returns:
       ``make(template, nbrs_init, optimizer, strategy, gammas, weights_keys,
-      exclude)``. Its ``update`` takes stacked parameters and the
+      exclude, losses=None)``. Its ``update`` takes stacked parameters and the
       :func:`vectorized` optimizer's state; its metrics are the committee's
       (the mean prediction's) with ``members``, a list of each member's; its
       predictions are the committee's ``U``, ``F`` with their spread
@@ -189,9 +189,10 @@ def trainer_functions(n: int, bootstrap: bool = False) -> Callable:
                                             gammas) for k in range(n)]
         return out
 
-    def make(template, nbrs_init, optimizer, strategy, gammas, weights_keys, exclude):
+    def make(template, nbrs_init, optimizer, strategy, gammas, weights_keys, exclude,
+             losses=None):
         predict = fm.make_predictor(template, nbrs_init, strategy.vary)
-        loss = member_loss(fm.make_shard_loss(predict, gammas, weights_keys, exclude))
+        loss = member_loss(fm.make_shard_loss(predict, gammas, weights_keys, exclude, losses))
         stress = "stress" in gammas
 
         def members(params, batch, with_stress):
@@ -202,7 +203,7 @@ def trainer_functions(n: int, bootstrap: bool = False) -> Callable:
         def metric_sums(given, batch):
             # the force-matching metric sums of predictions already made
             return fm.make_metric_sums(lambda *a, **k: given, gammas, weights_keys,
-                                       exclude)(None, batch)
+                                       exclude, losses)(None, batch)
 
         def sums(params, batch):
             preds, errors = members(params, batch, stress)

@@ -31,6 +31,7 @@ import numpy as np
 from ..data.loader import VALID
 from ..ensemble import volume
 from ..neighbors import GRAPH_KEYS, graph_from, mask_graph
+from .losses import TargetLoss
 from .step import make_reduced, make_update
 
 TARGETS = ("U", "F", "stress")
@@ -129,27 +130,38 @@ def make_predictor(energy_fn_template: Callable, nbrs_init, vary: Callable = lam
     return predict
 
 
-def per_sample_errors(pred: Mapping, batch: Mapping, targets) -> dict:
-    """Mean squared error of each target for each structure (shape (b,)).
+def per_sample_errors(pred: Mapping, batch: Mapping, targets, losses: Mapping | None = None
+                      ) -> dict:
+    """Mean elementwise loss of each target for each structure (shape (b,)):
+    the mean squared error unless ``losses`` (``{target: TargetLoss}``,
+    :mod:`chemtrain.learn.losses`) says otherwise.
 
     Forces average over the real atoms of a structure (the ``mask``), so a
     padded structure has the same loss as the unpadded one.
     """
     out = {}
     for t in targets:
+        spec = (losses or {}).get(t, TargetLoss())
+        if t not in TARGETS:
+            raise ValueError(f"Unknown target {t!r}; force matching knows {TARGETS}.")
+        r = pred[t] - batch[t]
         if t == "U":
-            out[t] = (pred["U"] - batch["U"]) ** 2
+            if spec.per_atom:
+                n = (jnp.sum(batch["mask"].astype(r.dtype), axis=-1) if "mask" in batch
+                     else jnp.asarray(batch["R"].shape[-2], r.dtype))
+                r, ref = r / jnp.maximum(n, 1.0), batch[t] / jnp.maximum(n, 1.0)
+            else:
+                ref = batch[t]
+            out[t] = spec.fn(r, ref)
         elif t == "stress":
-            out[t] = jnp.mean((pred[t] - batch[t]) ** 2, axis=(-2, -1))
-        elif t == "F":
-            sq = jnp.sum((pred["F"] - batch["F"]) ** 2, axis=-1)
+            out[t] = jnp.mean(spec.fn(r, batch[t]), axis=(-2, -1))
+        else:
+            sq = jnp.sum(spec.fn(r, batch[t]), axis=-1)
             if "mask" in batch:
                 m = batch["mask"].astype(sq.dtype)
                 out[t] = jnp.sum(sq * m, axis=-1) / (3.0 * jnp.maximum(jnp.sum(m, axis=-1), 1.0))
             else:
                 out[t] = jnp.mean(sq, axis=-1) / 3.0
-        else:
-            raise ValueError(f"Unknown target {t!r}; force matching knows {TARGETS}.")
     return out
 
 
@@ -167,7 +179,8 @@ def sample_weights(pred: Mapping, batch: Mapping, target: str, weights_keys: Map
 
 
 def make_shard_loss(predict: Callable, gammas: Mapping[str, float],
-                    weights_keys: Mapping[str, str], inputs_exclude) -> Callable:
+                    weights_keys: Mapping[str, str], inputs_exclude,
+                    losses: Mapping | None = None) -> Callable:
     """Return ``loss(params, batch) -> (loss, aux)`` of one shard.
 
     The loss is ``sum_t gamma_t * sum_i valid_i w_ti mse_ti / capacity`` with
@@ -182,7 +195,7 @@ def make_shard_loss(predict: Callable, gammas: Mapping[str, float],
                                   stress="stress" in targets)
         valid = batch[VALID]
         capacity = valid.shape[0]
-        errors = per_sample_errors(pred, batch, targets)
+        errors = per_sample_errors(pred, batch, targets, losses)
         parts = {}
         for t in targets:
             w = sample_weights(pred, batch, t, weights_keys, errors[t].dtype)
@@ -194,7 +207,8 @@ def make_shard_loss(predict: Callable, gammas: Mapping[str, float],
 
 
 def make_metric_sums(predict: Callable, gammas: Mapping[str, float],
-                     weights_keys: Mapping[str, str], inputs_exclude) -> Callable:
+                     weights_keys: Mapping[str, str], inputs_exclude,
+                     losses: Mapping | None = None) -> Callable:
     """Return ``sums(params, batch)``: per-shard sums for exact global metrics.
 
     For each target: sum of absolute and squared errors and the number of
@@ -210,7 +224,7 @@ def make_metric_sums(predict: Callable, gammas: Mapping[str, float],
                                   stress="stress" in targets)
         valid = batch[VALID]
         fvalid = valid.astype(pred["U"].dtype)
-        errors = per_sample_errors(pred, batch, targets)
+        errors = per_sample_errors(pred, batch, targets, losses)
         out = {"n": jnp.sum(fvalid), "nbr_errors": jnp.sum(nbr_error & valid)}
         loss = 0.0
         for t in targets:
@@ -293,7 +307,8 @@ def train_record(host: Mapping, n_steps: int, gammas) -> dict:
 
 
 def trainer_functions(template, nbrs_init, optimizer, strategy, gammas: Mapping,
-                      weights_keys: Mapping, exclude) -> TrainerFunctions:
+                      weights_keys: Mapping, exclude, losses: Mapping | None = None
+                      ) -> TrainerFunctions:
     """The :class:`TrainerFunctions` of one model trained by force matching.
 
     Args:
@@ -304,15 +319,18 @@ def trainer_functions(template, nbrs_init, optimizer, strategy, gammas: Mapping,
       gammas: loss weight per target.
       weights_keys: ``{target: dataset key}`` of per-structure weights.
       exclude: dataset keys that are not the energy function's keywords.
+      losses: ``{target: TargetLoss}`` (:mod:`chemtrain.learn.losses`);
+        None: squared errors.
 
     Returns:
       Its :class:`TrainerFunctions`.
     """
     predict = make_predictor(template, nbrs_init, strategy.vary)
-    loss_fn = make_shard_loss(predict, gammas, weights_keys, exclude)
+    loss_fn = make_shard_loss(predict, gammas, weights_keys, exclude, losses)
     return TrainerFunctions(
         update=make_update(loss_fn, optimizer, strategy),
-        sums=make_reduced(make_metric_sums(predict, gammas, weights_keys, exclude), strategy),
+        sums=make_reduced(make_metric_sums(predict, gammas, weights_keys, exclude, losses),
+                          strategy),
         predict=strategy.compile(lambda p, b: predict(p, b["R"], batch_kwargs(b, exclude))[0],
                                  in_sharded=(False, True), out_sharded=True),
         finish=finish_metrics, train_record=train_record)

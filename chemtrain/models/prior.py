@@ -12,15 +12,14 @@ it is usually given a physical *prior* that keeps particles apart: the sum
 - :func:`sum_templates`: ``{"prior": template, "mace": template}`` -> one
   template on parameters ``{"prior": ..., "mace": ...}`` whose energy is the
   sum.
-- :func:`freeze`: an optimizer that leaves named top-level entries of the
-  parameters unchanged (``optax.multi_transform`` with zero updates).
+- :func:`chemtrain.models.freeze` (in :mod:`.frozen`): an optimizer that
+  leaves named entries of the parameters, e.g. the prior, unchanged.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping
 
 import jax.numpy as jnp
-import optax
 
 from .pair import displacement_kwargs, pair_energy
 from .template import EnergyTemplate, as_template, periodic
@@ -159,61 +158,3 @@ def sum_templates(templates: Mapping[str, Callable]) -> EnergyTemplate:
                           cutoff=max(cutoffs) if cutoffs else None,
                           periodic=False if any(t.periodic is False for t in parts.values())
                           else None)
-
-
-def freeze(optimizer: optax.GradientTransformation, params: Mapping,
-           frozen: Sequence[str]) -> optax.GradientTransformation:
-    """Wrap an optimizer so that named top-level parameter entries stay fixed.
-
-    The entries of ``params`` not named in ``frozen`` are updated by
-    ``optimizer``; the named ones get zero updates (``optax.multi_transform``
-    with ``optax.set_to_zero``), so they stay bitwise unchanged. Example:
-    ``freeze(optax.adam(1e-3), params, ["prior"])``.
-
-    Args:
-      optimizer: the optax optimizer of the trained entries.
-      params: the parameter dict that will be optimized (only its top-level
-        keys are used).
-      frozen: names of top-level entries of ``params`` to keep fixed; one name
-        may be given as a string.
-
-    Returns:
-      An ``optax.GradientTransformation``. Its ``init`` and ``update`` raise
-      ``ValueError`` if the parameters or updates they receive do not have
-      exactly the top-level entries of ``params``.
-
-    Raises:
-      ValueError: if ``params`` is not a mapping, if an entry of ``frozen`` is
-        not a string, or if a name in ``frozen`` is not an entry of ``params``.
-    """
-    if not isinstance(params, Mapping):
-        raise ValueError(f"freeze: params must be the dict of the parameters whose top-level "
-                         f"entries are frozen or trained, got {type(params).__name__}.")
-    if isinstance(frozen, str):
-        frozen = [frozen]
-    if not all(isinstance(k, str) for k in frozen):
-        raise ValueError(f"freeze: frozen must be names of top-level entries of the parameters "
-                         f"{sorted(params)}, got {frozen!r}.")
-    unknown = sorted(set(frozen) - set(params))
-    if unknown:
-        raise ValueError(f"freeze: {unknown} are not entries of the parameters "
-                         f"{sorted(params)}.")
-    labels = {k: "frozen" if k in frozen else "trained" for k in params}
-    inner = optax.multi_transform({"trained": optimizer, "frozen": optax.set_to_zero()}, labels)
-
-    def check(tree, what):
-        keys = sorted(tree) if isinstance(tree, Mapping) else None
-        if keys != sorted(labels):
-            got = keys if keys is not None else type(tree).__name__
-            raise ValueError(f"freeze was built on the parameters with entries {sorted(labels)}, "
-                             f"but the {what} have {got}. Build it on the parameters it trains: "
-                             f"freeze(optimizer, those_params, {list(frozen)!r}).")
-
-    def init(params):
-        check(params, "parameters")
-        return inner.init(params)
-
-    def update(updates, state, params=None):
-        check(updates, "updates")
-        return inner.update(updates, state, params)
-    return optax.GradientTransformation(init, update)

@@ -65,6 +65,7 @@ class EnsembleOfModels(ForceMatching):
       consistency_check_every: as in :class:`ForceMatching`.
       epoch_line: as in :class:`ForceMatching`; the record's ``val`` metrics
         are the committee's.
+      losses: per-target losses, as in :class:`ForceMatching`.
 
     Raises:
       ValueError: fewer than two members, or members of different
@@ -80,7 +81,8 @@ class EnsembleOfModels(ForceMatching):
                  checkpoint_path: str = "checkpoints", log_file: str | None = None,
                  seed: int = 0, progress: bool = True, check_vma: bool | None = None,
                  consistency_check_every: int | None = None,
-                 epoch_line: Callable[[dict], str] | None = None):
+                 epoch_line: Callable[[dict], str] | None = None,
+                 losses: Mapping | None = None):
         stacked = ens.as_stacked(init_params)
         if not isinstance(optimizer, optax.GradientTransformation):
             raise TypeError(f"optimizer must be an optax.GradientTransformation, got "
@@ -91,11 +93,12 @@ class EnsembleOfModels(ForceMatching):
                          weights_keys=weights_keys, checkpoint_path=checkpoint_path,
                          log_file=log_file, seed=seed, progress=progress, check_vma=check_vma,
                          consistency_check_every=consistency_check_every,
-                         epoch_line=epoch_line,
+                         epoch_line=epoch_line, losses=losses,
                          functions=ens.trainer_functions(self.n_members, self.bootstrap))
 
     def member(self, k: int):
-        """Member ``k``'s parameters (host numpy), e.g. to export it.
+        """Member ``k``'s parameters (host numpy), e.g. to export it: its
+        moving average when the optimizer keeps one (``eval_params``).
 
         Raises:
           IndexError: ``k`` is not in ``range(n_members)``.
@@ -103,7 +106,7 @@ class EnsembleOfModels(ForceMatching):
         if not (isinstance(k, (int, np.integer)) and 0 <= k < self.n_members):
             raise IndexError(f"member {k!r}: this committee has members 0 to "
                              f"{self.n_members - 1}.")
-        return ens.member_params(self.strategy.to_host(self.params), int(k))
+        return ens.member_params(self.strategy.to_host(self.eval_params), int(k))
 
     def bootstrap_sample(self, k: int) -> np.ndarray | None:
         """The training-set rows member ``k`` trains on (with repeats), or

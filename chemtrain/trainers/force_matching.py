@@ -16,7 +16,9 @@ import optax
 
 from ..data.loader import VALID
 from ..learn import force_matching as fm
+from ..learn import optimizers
 from ..learn.diagnose import energy_gradient_note
+from ..learn.losses import check_losses
 from ..models.template import as_template, check_reach
 from ..parallel import make_strategy, raised_everywhere
 from .report import Reporter, check_epochs, close_epoch
@@ -72,6 +74,15 @@ class ForceMatching(HoldsState):
         signature of :func:`chemtrain.learn.force_matching.trainer_functions`
         (the default: one model); :class:`EnsembleOfModels` passes a
         committee's (:func:`chemtrain.learn.ensemble.trainer_functions`).
+      losses: ``{target: loss}`` of :mod:`chemtrain.learn.losses` (e.g.
+        ``{"F": huber(50.0)}``, or a ``TargetLoss`` comparing energies per
+        atom); targets not named keep the squared error.
+
+    The optimizer may carry :func:`chemtrain.learn.optimizers.ema` (then
+    validation, ``evaluate``, ``predict``, ``best_params`` and
+    ``eval_params`` use the averaged parameters, as mace-torch's ``--ema``)
+    and :func:`~chemtrain.learn.optimizers.reduce_on_plateau` (fed each
+    epoch's monitored loss: the validation loss, else the training loss).
 
     The resumable state is one :class:`~chemtrain.trainers.state.FMState`,
     ``trainer.state``; ``params``, ``opt_state``, ``epoch``, ``step``,
@@ -88,7 +99,7 @@ class ForceMatching(HoldsState):
                  consistency_check_every: int | None = None, batch_per_device: int | None = None,
                  disable_shmap: bool | None = None,
                  epoch_line: Callable[[dict], str] | None = None,
-                 functions: Callable | None = None):
+                 functions: Callable | None = None, losses: Mapping | None = None):
         global_batch(batch, batch_per_device, 1, disable_shmap)  # argument errors first
         template = as_template(energy_fn_template)
         check_reach(template, nbrs_init, "ForceMatching")
@@ -99,6 +110,7 @@ class ForceMatching(HoldsState):
             self.strategy.check_batch(batch)
             self.batch, self.optimizer = int(batch), optimizer
             self.gammas, self.weights_keys = fm.check_gammas(gammas), dict(weights_keys or {})
+            self.losses = check_losses(losses, self.gammas)
             self.consistency_check_every = consistency_check_every
             if epoch_line is not None and not callable(epoch_line):
                 raise TypeError(f"epoch_line must be a function record -> str or None, got "
@@ -112,10 +124,11 @@ class ForceMatching(HoldsState):
                                    template.validate_dataset, nbrs_init, seed)
             params, opt_state, host_params = init_state(self.strategy, init_params, optimizer)
             self.state = FMState(params, opt_state, host_params, seed=seed)
+            self.stopped_early = False
             exclude = {"R", *fm.TARGETS, VALID, *self.weights_keys.values()}
             self.functions = (functions or fm.trainer_functions)(
                 template, nbrs_init, optimizer, self.strategy, self.gammas, self.weights_keys,
-                exclude)
+                exclude, losses=self.losses)
         if self.strategy.is_root:
             log.info("ForceMatching: %s, global batch %d", self.strategy.describe(), self.batch)
 
@@ -129,6 +142,22 @@ class ForceMatching(HoldsState):
     train_losses = property(lambda self: self.state.train_losses)
     val_losses = property(lambda self: self.state.val_losses)
     history = property(lambda self: self.state.history)
+
+    @property
+    def eval_params(self):
+        """The parameters that are evaluated and exported: the optimizer's
+        moving average (:func:`chemtrain.learn.optimizers.ema`) when it
+        keeps one, else the trained parameters."""
+        averaged = optimizers.averaged(self.state.opt_state)
+        return self.state.params if averaged is None else averaged
+
+    def epochs_since_best(self) -> int:
+        """Epochs trained since the monitored loss was lowest (0 when the
+        last epoch was the best; the epoch count before any improvement)."""
+        losses = self.state.val_losses or self.state.train_losses
+        # the first epoch with the best loss set it (a later equal one is no improvement)
+        at = [i for i, v in enumerate(losses) if v == self.state.best_loss]
+        return len(losses) - 1 - at[0] if at else len(losses)
 
     def _capture(self):
         trees, meta = self.store.host(self.state)
@@ -159,9 +188,29 @@ class ForceMatching(HoldsState):
 
     # -- training -----------------------------------------------------------
     @collective
-    def train(self, max_epochs: int, checkpoint_freq: int | None = None) -> None:
-        """Train ``max_epochs`` more epochs; checkpoint every ``checkpoint_freq``."""
+    def train(self, max_epochs: int, checkpoint_freq: int | None = None,
+              patience: int | None = None) -> None:
+        """Train ``max_epochs`` more epochs; checkpoint every ``checkpoint_freq``.
+
+        With ``patience``, stop early once the monitored loss (validation,
+        else training) has not improved for ``patience`` epochs in a row
+        (mace-torch's ``--patience``); the count comes from the state's
+        losses, so it continues across a restore. ``best_params`` then hold
+        the best epoch's parameters. Whether the run stopped early is
+        ``trainer.stopped_early``.
+        """
         check_epochs(max_epochs, checkpoint_freq)
+        if patience is not None and (isinstance(patience, bool) or int(patience) != patience
+                                     or patience < 1):
+            raise ValueError(f"patience must be a whole number of epochs >= 1 (or None: no "
+                             f"early stopping), got {patience!r}.")
+        self.stopped_early = False
+        if patience is not None and self.epochs_since_best() >= patience:
+            self.stopped_early = True
+            if self.strategy.is_root:
+                log.info("Not training: the monitored loss has not improved for %d epochs "
+                         "(patience %d).", self.epochs_since_best(), patience)
+            return
         loader = self.functions.training_loader(self.data["training"])
         if checkpoint_freq:
             self.store.check_folder(self.epoch)
@@ -190,7 +239,12 @@ class ForceMatching(HoldsState):
                                              for m in val["members"]]
             text = f"epoch {epoch}: " + self.epoch_line(record)
             if monitored < self.state.best_loss:
-                done.update(best_loss=monitored, best_params=self.strategy.to_host(self.params))
+                done.update(best_loss=monitored,
+                            best_params=self.strategy.to_host(self.eval_params))
+            if optimizers.has_plateau(self.state.opt_state):
+                host = optimizers.observe(self.strategy.to_host(self.state.opt_state), monitored)
+                done["opt_state"] = self.strategy.replicate(host)
+                record["lr_scale"] = optimizers.update_scale(host)
             close_epoch(self.strategy, self.reporter, record, text, epochs, start,
                         train=f"{record['train_loss']:.4g}",
                         val=f"{record.get('val_loss', float('nan')):.4g}")
@@ -198,6 +252,15 @@ class ForceMatching(HoldsState):
                                             **done)
             if checkpoint_freq and self.epoch % checkpoint_freq == 0:
                 self.store.save_epoch(self.epoch, *self._capture())
+            if patience is not None and self.epochs_since_best() >= patience:
+                self.stopped_early = True
+                if self.strategy.is_root:
+                    log.info("Stopping early after epoch %d: the monitored loss has not "
+                             "improved for %d epochs (best %.5g).", epoch, patience,
+                             self.state.best_loss)
+                if checkpoint_freq and self.epoch % checkpoint_freq:
+                    self.store.save_epoch(self.epoch, *self._capture())
+                break
 
     def _step(self, batch):
         params, opt_state, s = self.functions.update(self.state.params, self.state.opt_state,
@@ -231,7 +294,7 @@ class ForceMatching(HoldsState):
     def evaluate(self, stage: str = "validation", params=None) -> dict:
         """MAE and RMSE per target (kJ/mol, kJ/mol/nm) and the mean
         per-structure loss of a stage, exact whatever the padding."""
-        total, params = None, self.params if params is None else params
+        total, params = None, self.eval_params if params is None else params
         for batch in self._batches(self.data[stage]):
             total = add_trees(total, self.functions.sums(params, batch))
         host = jax.tree.map(lambda x: np.asarray(x, np.float64), self.strategy.to_host(total))
@@ -244,17 +307,18 @@ class ForceMatching(HoldsState):
     @collective
     def predict(self, dataset: Mapping | None) -> dict:
         """Energies ``U`` (n,) and forces ``F`` (n, atoms, 3) of ``dataset`` as
-        numpy, on every process (under MPI only rank 0's dataset is read)."""
+        numpy, on every process (under MPI only rank 0's dataset is read),
+        by :attr:`eval_params`."""
         loader = self.data.in_memory(dataset, "dataset", shuffle=False, drop_last=False,
                                      required=("R",))
-        out = [self.strategy.to_host(self.functions.predict(self.params, batch), sharded=True)
+        out = [self.strategy.to_host(self.functions.predict(self.eval_params, batch), sharded=True)
                for batch in self._batches(loader)]
         return {k: np.concatenate([o[k] for o in out])[:loader.n] for k in out[0]}
 
     def predict_batch(self, local_batch: Mapping) -> dict:
         """Device predictions of one batch (this process's rows as numpy)."""
         local = {VALID: np.ones(np.shape(local_batch["R"])[0], bool), **local_batch}
-        return self.functions.predict(self.params, self.strategy.place_batch(local))
+        return self.functions.predict(self.eval_params, self.strategy.place_batch(local))
 
     # -- checkpoints --------------------------------------------------------
     @collective

@@ -1,0 +1,96 @@
+"""What an error costs, per target: the elementwise loss of force matching.
+
+A target's loss is a function ``(residual, reference) -> elementwise
+loss`` of the prediction minus the reference (and the reference itself,
+for losses that depend on it); :func:`squared` is the default, the mean
+squared error. :class:`TargetLoss` adds, for energies, whether they are
+compared per atom. ``ForceMatching(..., losses={"F": huber(0.5)})``
+chooses one per target; ``chemtrain-finetune --loss`` builds mace-torch's
+'weighted', 'huber' and 'universal' losses from them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Mapping, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+
+def squared(residual, reference=None):
+    """The squared error (the default: mean squared error per target)."""
+    return residual * residual
+
+
+def huber(delta: float) -> Callable:
+    """Huber's loss with threshold ``delta`` (in the target's units):
+    ``r^2 / 2`` for ``|r| <= delta``, ``delta (|r| - delta / 2)`` beyond,
+    as torch's ``huber_loss`` (mace-torch's ``--loss huber``)."""
+    delta = _positive(delta, "huber: delta")
+
+    def loss(residual, reference=None):
+        a = jnp.abs(residual)
+        return jnp.where(a <= delta, 0.5 * residual * residual, delta * (a - 0.5 * delta))
+    return loss
+
+
+def conditional_huber(delta: float, edges: Sequence[float] = (100.0, 200.0, 300.0),
+                      factors: Sequence[float] = (1.0, 0.7, 0.4, 0.1)) -> Callable:
+    """Huber's loss on force components whose threshold shrinks for atoms
+    with large reference forces (mace-torch's 'universal' loss): an atom
+    whose reference force norm lies below ``edges[0]`` gets ``delta x
+    factors[0]``, between ``edges[0]`` and ``edges[1]`` ``delta x
+    factors[1]``, and so on. ``edges`` are in the forces' units (mace-torch's
+    are 100, 200, 300 eV/Angstrom). Needs forces of shape (..., 3)."""
+    delta = _positive(delta, "conditional_huber: delta")
+    edges, factors = tuple(float(e) for e in edges), tuple(float(f) for f in factors)
+    if len(factors) != len(edges) + 1 or list(edges) != sorted(edges):
+        raise ValueError(f"conditional_huber: give increasing edges and one factor more than "
+                         f"edges, got edges {edges} and factors {factors}.")
+
+    def loss(residual, reference):
+        norm = jnp.linalg.norm(reference, axis=-1, keepdims=True)
+        d = delta * jnp.asarray(factors, residual.dtype)[jnp.searchsorted(
+            jnp.asarray(edges, norm.dtype), norm, side="right")]
+        a = jnp.abs(residual)
+        return jnp.where(a <= d, 0.5 * residual * residual, d * (a - 0.5 * d))
+    return loss
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetLoss:
+    """The loss of one target.
+
+    Attributes:
+      fn: ``(residual, reference) -> elementwise loss``.
+      per_atom: energies only: compare energies per atom (the residual
+        divided by the structure's number of real atoms) instead of totals.
+    """
+    fn: Callable = squared
+    per_atom: bool = False
+
+
+def check_losses(losses: Mapping | None, targets) -> dict:
+    """``{target: TargetLoss}`` for every trained target (default squared
+    errors); a bare function means ``TargetLoss(fn)``."""
+    out = {t: TargetLoss() for t in targets}
+    for t, spec in dict(losses or {}).items():
+        if t not in targets:
+            raise ValueError(f"losses names {t!r}, which is not trained (gammas has "
+                             f"{sorted(targets)}); give a loss for a trained target.")
+        if callable(spec) and not isinstance(spec, TargetLoss):
+            spec = TargetLoss(spec)
+        if not isinstance(spec, TargetLoss):
+            raise TypeError(f"losses[{t!r}] must be a function (residual, reference) -> "
+                            f"elementwise loss or a TargetLoss, got {type(spec).__name__}.")
+        if spec.per_atom and t != "U":
+            raise ValueError(f"losses[{t!r}]: per_atom applies to energies ('U') only.")
+        out[t] = spec
+    return out
+
+
+def _positive(value, what):
+    if not (isinstance(value, (int, float, np.number)) and np.isfinite(value) and value > 0):
+        raise ValueError(f"{what} must be a finite number > 0 in the target's units, got "
+                         f"{value!r}.")
+    return float(value)
