@@ -1,6 +1,9 @@
 """Pure functions under the trainers: predictions, losses, metrics, steps;
-the reweighting objectives (DiffTRe, relative entropy) as values, their
-state points and the step-size policy."""
+optimizer pieces for fine-tuning (a moving average of the weights, a
+plateau schedule); the reweighting objectives (DiffTRe, relative entropy)
+as values, their state points and the step-size policy."""
+from .losses import TargetLoss, conditional_huber, huber, squared
+from .optimizers import averaged, ema, observe, reduce_on_plateau, update_scale
 from .difftre_objective import DifftreFunctions, difftre_functions, difftre_objective
 from .objective import Objective, reuse_record, shared_contributions
 from .reference_frames import ReferenceFrames
@@ -9,7 +12,8 @@ from .relative_entropy import (RelEntropyFunctions, relative_entropy_functions,
 from .statepoint import SimulationFunctions, StatePoint, make_statepoint, simulation_functions
 from .update import StepSizeSearch
 
-__all__ = ["Objective", "shared_contributions", "reuse_record", "difftre_objective",
+__all__ = ["ema", "reduce_on_plateau", "observe", "averaged", "update_scale", "squared",
+           "huber", "conditional_huber", "TargetLoss", "Objective", "shared_contributions", "reuse_record", "difftre_objective",
            "relative_entropy_objective", "difftre_functions", "relative_entropy_functions",
            "DifftreFunctions", "RelEntropyFunctions", "StatePoint", "SimulationFunctions",
            "simulation_functions", "make_statepoint", "ReferenceFrames", "StepSizeSearch"]

@@ -18,14 +18,26 @@ import numpy as np
 
 
 def squared(residual, reference=None):
-    """The squared error (the default: mean squared error per target)."""
+    """The squared error (the default: mean squared error per target).
+
+    Args:
+      residual: prediction minus reference.
+      reference: unused.
+    """
     return residual * residual
 
 
 def huber(delta: float) -> Callable:
-    """Huber's loss with threshold ``delta`` (in the target's units):
-    ``r^2 / 2`` for ``|r| <= delta``, ``delta (|r| - delta / 2)`` beyond,
-    as torch's ``huber_loss`` (mace-torch's ``--loss huber``)."""
+    """Huber's loss as torch's ``huber_loss`` (mace-torch's ``--loss huber``).
+
+    ``r^2 / 2`` for ``|r| <= delta``, ``delta (|r| - delta / 2)`` beyond.
+
+    Args:
+      delta: the threshold, > 0, in the target's units.
+
+    Returns:
+      ``loss(residual, reference=None)``, elementwise.
+    """
     delta = _positive(delta, "huber: delta")
 
     def loss(residual, reference=None):
@@ -41,7 +53,16 @@ def conditional_huber(delta: float, edges: Sequence[float] = (100.0, 200.0, 300.
     whose reference force norm lies below ``edges[0]`` gets ``delta x
     factors[0]``, between ``edges[0]`` and ``edges[1]`` ``delta x
     factors[1]``, and so on. ``edges`` are in the forces' units (mace-torch's
-    are 100, 200, 300 eV/Angstrom). Needs forces of shape (..., 3)."""
+    are 100, 200, 300 eV/Angstrom). Needs forces of shape (..., 3).
+
+    Args:
+      delta: the threshold of atoms with small reference forces, > 0.
+      edges: increasing reference force norms where the threshold changes.
+      factors: the threshold's factor in each interval, one more than edges.
+
+    Returns:
+      ``loss(residual, reference)``, elementwise.
+    """
     delta = _positive(delta, "conditional_huber: delta")
     edges, factors = tuple(float(e) for e in edges), tuple(float(f) for f in factors)
     if len(factors) != len(edges) + 1 or list(edges) != sorted(edges):
@@ -71,8 +92,13 @@ class TargetLoss:
 
 
 def check_losses(losses: Mapping | None, targets) -> dict:
-    """``{target: TargetLoss}`` for every trained target (default squared
-    errors); a bare function means ``TargetLoss(fn)``."""
+    """``{target: TargetLoss}`` for every trained target.
+
+    Args:
+      losses: ``{target: function or TargetLoss}``; a bare function means
+        ``TargetLoss(fn)``; targets left out get squared errors.
+      targets: the trained targets.
+    """
     out = {t: TargetLoss() for t in targets}
     for t, spec in dict(losses or {}).items():
         if t not in targets:

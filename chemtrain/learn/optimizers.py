@@ -144,12 +144,25 @@ def _is_node(x):
 
 
 def _nodes(opt_state, kind):
-    return [x for x in jax.tree.leaves(opt_state, is_leaf=_is_node) if isinstance(x, kind)]
+    """Every ``kind`` state inside ``opt_state``, also inside an EmaState."""
+    out = []
+    for x in jax.tree.leaves(opt_state, is_leaf=_is_node):
+        if isinstance(x, kind):
+            out.append(x)
+        if isinstance(x, EmaState):
+            out.extend(_nodes(x.inner, kind))
+    return out
 
 
 def averaged(opt_state):
-    """The parameters averaged by an :func:`ema` inside ``opt_state``, or
-    None when the optimizer keeps no average."""
+    """The parameters averaged by an :func:`ema` inside an optimizer state.
+
+    Args:
+      opt_state: the state of an optax transformation (possibly wrapped).
+
+    Returns:
+      The averaged parameters, or None when the optimizer keeps no average.
+    """
     found = _nodes(opt_state, EmaState)
     if len(found) > 1:
         raise ValueError("The optimizer state holds more than one ema(): wrap the optimizer "
@@ -158,25 +171,47 @@ def averaged(opt_state):
 
 
 def has_plateau(opt_state) -> bool:
-    """Whether ``opt_state`` holds a :func:`reduce_on_plateau` state."""
+    """Whether an optimizer state holds a :func:`reduce_on_plateau` state.
+
+    Args:
+      opt_state: the state of an optax transformation.
+    """
     return bool(_nodes(opt_state, PlateauState))
 
 
 def update_scale(opt_state) -> float:
-    """The current factor of a :func:`reduce_on_plateau` (1.0 without one)."""
+    """The current factor of a :func:`reduce_on_plateau` on the updates.
+
+    Args:
+      opt_state: the state of an optax transformation.
+
+    Returns:
+      The factor (its mean over a committee's members), 1.0 without a plateau.
+    """
     found = _nodes(opt_state, PlateauState)
     return float(np.mean(np.asarray(found[0].scale))) if found else 1.0
 
 
 def observe(opt_state, value: float):
-    """``opt_state`` after an epoch whose monitored loss is ``value``: every
-    :func:`reduce_on_plateau` state inside counts the epoch (a new best, or
-    one more epoch without improvement, then a smaller factor). A pure
-    function of host or device values; other parts are returned as they
-    are."""
+    """The optimizer state after an epoch whose monitored loss is ``value``.
+
+    Every :func:`reduce_on_plateau` state inside counts the epoch (a new
+    best, or one more epoch without improvement, then a smaller factor). A
+    pure function of host or device values; other parts are returned as
+    they are.
+
+    Args:
+      opt_state: the state of an optax transformation.
+      value: the epoch's monitored loss (validation, else training).
+
+    Returns:
+      The new state (plateau parts as numpy arrays).
+    """
     value = np.float32(value)
 
     def step(node):
+        if isinstance(node, EmaState):
+            return node._replace(inner=observe(node.inner, value))
         if not isinstance(node, PlateauState):
             return node
         # elementwise, so that a committee's stacked states (one per member) work too

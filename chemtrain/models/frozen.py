@@ -28,8 +28,16 @@ def _parts(path) -> tuple[str, ...]:
 
 
 def block_names(params, depth: int = 2) -> list[str]:
-    """The names :func:`freeze` accepts, down to ``depth`` levels (e.g.
-    ``['embedding', 'interactions', 'interactions.0', ...]`` for a MACE)."""
+    """The names :func:`freeze` accepts, down to ``depth`` levels.
+
+    Args:
+      params: a parameter pytree.
+      depth: how many levels of dict keys and list indices to name.
+
+    Returns:
+      The names in tree order, e.g. ``['embedding', 'interactions',
+      'interactions.0', ...]`` for a MACE.
+    """
     names = []
     for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]:
         parts = _parts(path)

@@ -81,6 +81,18 @@ def test_reduce_on_plateau_follows_torch_rules():
         optimizers.reduce_on_plateau(optax.sgd(1.0), patience=2.5)
 
 
+def test_plateau_inside_ema_and_freeze_is_found_and_fed():
+    from chemtrain.models import freeze
+    p = {"a": jnp.ones(2), "b": jnp.ones(3)}
+    opt = optimizers.ema(freeze(optimizers.reduce_on_plateau(optax.sgd(1.0), factor=0.5,
+                                                             patience=0), p, ["a"]))
+    state = optimizers.observe(optimizers.observe(opt.init(p), 1.0), 2.0)
+    assert optimizers.has_plateau(state) and optimizers.update_scale(state) == 0.5
+    u, _ = opt.update({"a": jnp.ones(2), "b": jnp.ones(3)}, state, p)
+    np.testing.assert_array_equal(np.asarray(u["b"]), [-0.5] * 3)
+    np.testing.assert_array_equal(np.asarray(u["a"]), [0.0] * 2)
+
+
 def test_plateau_of_stacked_members_is_per_member():
     """A committee's vectorised state holds one plateau state per member."""
     from chemtrain.learn.ensemble import vectorized
