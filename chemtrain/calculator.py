@@ -123,12 +123,15 @@ class ChemtrainCalculator(Calculator):
 
     @classmethod
     def from_mace(cls, model, params=None, *, method: str | None = None, capacity: int | None = None,
-                  growth: float = 1.5, dtype=None, **kwargs):
+                  growth: float = 1.5, dtype=None, head=None, **kwargs):
         """A calculator for a chemtrain MACE model: ``model`` is the path of
         a file written by :func:`chemtrain.models.mace.save`, or a
         :class:`~chemtrain.models.mace.MaceConfig` given with ``params``.
         ``method`` is cuequivariance-jax's execution method (default: the
-        best for the backend)."""
+        best for the backend). ``head`` picks a head of a multi-head model
+        by name or index (default: the first), as mace-torch's
+        ``MACECalculator(..., head=...)``; an unknown head raises
+        ``ValueError`` naming the model's heads."""
         from chemtrain.models import mace
         if isinstance(model, mace.MaceConfig):
             if params is None:
@@ -141,7 +144,7 @@ class ChemtrainCalculator(Calculator):
             cfg, params = mace.load(str(model))
         self = cls.__new__(cls)
         Calculator.__init__(self, **kwargs)
-        self._setup(MaceModel(cfg, method), params, capacity, growth, dtype)
+        self._setup(MaceModel(cfg, method, head=head), params, capacity, growth, dtype)
         return self
 
     def _setup(self, model, params, capacity, growth, dtype):

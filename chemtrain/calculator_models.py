@@ -33,10 +33,11 @@ class MaceModel:
     With ``members``, parameters are a committee's, stacked on axis 0, and
     :meth:`evaluate` gives one value per member."""
 
-    def __init__(self, cfg, method=None, members: bool = False):
+    def __init__(self, cfg, method=None, members: bool = False, head=None):
         self.cfg = cfg
         self.cutoff = float(cfg.r_max)
-        self._fn, self._traces = mace_function(cfg, method, members)
+        head = None if head is None else cfg.head_index(head)
+        self._fn, self._traces = mace_function(cfg, method, members, head)
         self._table = cfg.element_table()
 
     @property
@@ -70,13 +71,14 @@ class MaceModel:
         return np.asarray(E, np.float64), -np.asarray(gR, np.float64), np.asarray(gS, np.float64)
 
 
-def mace_function(cfg, method, members: bool = False):
+def mace_function(cfg, method, members: bool = False, head: int | None = None):
     """The compiled ``(params, R, cell, strain, senders, receivers, shifts,
     element) -> (energy, (dE/dR, dE/dstrain))`` of a MACE model (Angstrom,
-    eV), mapped over a committee's stacked parameters with ``members``;
-    shared by every calculator of the same configuration and method. Also
-    returns a one-element list counting its traces."""
-    key = (cfg, method, members)
+    eV) and its head ``head`` (index; None: head 0), mapped over a
+    committee's stacked parameters with ``members``; shared by every
+    calculator of the same configuration, method and head. Also returns a
+    one-element list counting its traces."""
+    key = (cfg, method, members, head)
     if key not in _MACE_FUNCTIONS:
         import jax
         import jax.numpy as jnp
@@ -90,7 +92,8 @@ def mace_function(cfg, method, members: bool = False):
             s, r, vec, real = edge_vectors(None, R, Graph(send, recv, shifts), box=cell.T,
                                            perturbation=_deformation(strain))
             e = node_energies(params, cfg, vec, senders=s, receivers=r, edge_mask=real,
-                              element=element, node_mask=jnp.ones(R.shape[0], bool), method=method)
+                              element=element, node_mask=jnp.ones(R.shape[0], bool), method=method,
+                              head=None if head is None else jnp.asarray(head, jnp.int32))
             return jnp.sum(e)
         fn = jax.value_and_grad(energy, argnums=(1, 3))
         if members:

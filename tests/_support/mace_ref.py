@@ -25,7 +25,11 @@ ELEMENTS = [1, 6, 7, 8]
 
 
 def build_torch_model(name: str, dtype: str = "float64", seed: int = 0, r_max: float = 4.0,
-                      symmetric_scale: float = 3.0, config: dict | None = None):
+                      symmetric_scale: float = 3.0, config: dict | None = None, heads=None,
+                      atomic_energies=None, scale=1.3, shift=-0.05, mlp_irreps: str = "16x0e",
+                      radial_mlp=(16, 16, 16)):
+    """A random ``ScaleShiftMACE``; ``heads`` (names) makes a multi-head model,
+    then ``atomic_energies`` is (heads, elements) and ``scale``/``shift`` lists."""
     import mace  # noqa: F401  (before e3nn)
     import torch
     from e3nn import o3
@@ -38,11 +42,13 @@ def build_torch_model(name: str, dtype: str = "float64", seed: int = 0, r_max: f
         interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
         interaction_cls_first=modules.interaction_classes[c["first"]],
         num_interactions=c["num_interactions"], num_elements=len(ELEMENTS),
-        hidden_irreps=o3.Irreps(c["hidden"]), MLP_irreps=o3.Irreps("16x0e"),
-        atomic_energies=np.array([-13.6, -1030.0, -1485.0, -2040.0]) / 100.0,
+        hidden_irreps=o3.Irreps(c["hidden"]), MLP_irreps=o3.Irreps(mlp_irreps),
+        atomic_energies=(np.array([-13.6, -1030.0, -1485.0, -2040.0]) / 100.0
+                         if atomic_energies is None else np.asarray(atomic_energies, np.float64)),
         avg_num_neighbors=6.0, atomic_numbers=ELEMENTS, correlation=c["correlation"],
         gate=torch.nn.functional.silu, pair_repulsion=c["pair"], distance_transform=c["transform"],
-        radial_MLP=[16, 16, 16], atomic_inter_scale=1.3, atomic_inter_shift=-0.05)
+        radial_MLP=list(radial_mlp), atomic_inter_scale=scale, atomic_inter_shift=shift,
+        **({} if heads is None else {"heads": list(heads)}))
     # random weights are O(1); by default scale the symmetric-contraction
     # ones up so that higher correlation orders matter in comparisons
     with torch.no_grad():

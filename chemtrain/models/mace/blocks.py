@@ -2,13 +2,15 @@
 :mod:`chemtrain.models.mace.model`, on node features kept as lists of
 ``(n, irrep.dim, mul)`` blocks: splitting and flattening the blocks, e3nn's
 equivariant linear layers (plain and element-dependent), the radial MLP,
-the polynomial cutoff envelope and the Bessel radial basis.
+the polynomial cutoff envelope, the Bessel radial basis, the ZBL pair
+repulsion and the readouts (one output per head).
 """
 from __future__ import annotations
 
 import math
 from typing import Sequence
 
+import numpy as np
 import jax
 import jax.numpy as jnp
 
@@ -91,3 +93,50 @@ def polynomial_cutoff(r, r_max, p):
 def bessel(r, r_max, n):
     w = jnp.pi / r_max * jnp.arange(1, n + 1, dtype=r.dtype)
     return math.sqrt(2.0 / r_max) * jnp.sin(w * r[:, None]) / r[:, None]
+
+
+def readout_mlp_irreps(cfg) -> str:
+    """Irreps of the hidden layer of a nonlinear readout: ``cfg.mlp_irreps``
+    once per head (mace-torch's ``len(heads) * MLP_irreps``, simplified)."""
+    if cfg.num_heads == 1:
+        return cfg.mlp_irreps
+    blocks = irreps(cfg.mlp_irreps)
+    if len(blocks) != 1:
+        raise ValueError(f"A model of several heads needs 'mlp_irreps' of one kind, such as "
+                         f"'16x0e', got {cfg.mlp_irreps!r}.")
+    return f"{cfg.num_heads * blocks[0].mul}x{blocks[0].ir}"
+
+
+def readout(p, h, layer, cfg):
+    """A readout block (``layer.readout`` of the :class:`~chemtrain.models.mace.MaceConfig`
+    ``cfg``) on the node features ``h``: node energies (n_atoms, num_heads),
+    one column per head."""
+    out = f"{cfg.num_heads}x0e"
+    if layer.readout == "linear":
+        return linear(p["linear"], h, layer.hidden_irreps, out)[0][:, 0, :]
+    hidden = readout_mlp_irreps(cfg)
+    x = linear(p["linear_1"], h, layer.hidden_irreps, hidden)
+    x = [cfg.act_constant * jax.nn.silu(b) for b in x]
+    w2 = p["linear_2"]
+    if cfg.num_heads > 1:
+        # mace-torch masks the hidden features to the head's block before
+        # linear_2: head k's column reads only block k (same fan-in)
+        mask = np.kron(np.eye(cfg.num_heads), np.ones((irreps(hidden).dim // cfg.num_heads, 1)))
+        w2 = [w * mask.astype(w.dtype) for w in w2]
+    return linear(w2, x, hidden, out)[0][:, 0, :]
+
+
+def zbl(cfg, r, Z, senders, receivers, inside, n):
+    """Ziegler-Biersack-Littmark repulsion as in mace-torch (per receiver,
+    half of each directed edge)."""
+    c0, c1, c2, c3, a_exp, a_pre = cfg.zbl
+    zu, zv = Z[senders].astype(r.dtype), Z[receivers].astype(r.dtype)
+    a = a_pre * 0.529 / (zu ** a_exp + zv ** a_exp)
+    x = r / a
+    phi = (c0 * jnp.exp(-3.2 * x) + c1 * jnp.exp(-0.9423 * x) + c2 * jnp.exp(-0.4028 * x)
+           + c3 * jnp.exp(-0.2016 * x))
+    v = 14.3996 * zu * zv / r * phi
+    radii = jnp.asarray(cfg.covalent_radii, r.dtype)
+    rmax = radii[Z[senders]] + radii[Z[receivers]]
+    v = 0.5 * v * polynomial_cutoff(r, rmax, cfg.num_polynomial_cutoff)
+    return jax.ops.segment_sum(jnp.where(inside, v, 0.0), receivers, num_segments=n)

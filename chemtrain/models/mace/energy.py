@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+import jax
 import jax.numpy as jnp
 
 from chemtrain import units
@@ -103,6 +104,50 @@ def _with_symbols(numbers) -> str:
                      for z in numbers)
 
 
+def check_heads(cfg: MaceConfig, head) -> None:
+    """Check a dataset's ``'head'`` column: integer indices of the model's heads.
+
+    Args:
+      cfg: the model configuration.
+      head: None (no column: every structure uses head 0) or integer head
+        indices, any shape (e.g. (n_structures,)).
+
+    Raises:
+      ValueError: naming the model's heads, if ``head`` is not of an integer
+        dtype or an index is out of range (``0 <= head < num_heads``).
+    """
+    if head is None:
+        return
+    h = np.asarray(head)
+    if not np.issubdtype(h.dtype, np.integer):
+        raise ValueError(f"The dataset's 'head' must be integer head indices, got dtype {h.dtype}; "
+                         f"the MACE model's heads are {list(cfg.heads)} (index 0..{cfg.num_heads - 1}).")
+    bad = np.unique(h[(h < 0) | (h >= cfg.num_heads)])
+    if bad.size:
+        raise ValueError(f"The dataset's 'head' holds indices {bad.tolist()[:8]} out of range: the "
+                         f"MACE model has {cfg.num_heads} head(s) {list(cfg.heads)} (index "
+                         f"0..{cfg.num_heads - 1}).")
+
+
+def _head_index(cfg: MaceConfig, head):
+    """(index, out of range) of the energy function's ``head`` argument:
+    names and untraced indices are checked here, a traced index gives NaN
+    energies when out of range."""
+    if head is None:
+        return None, False
+    if isinstance(head, str):
+        return cfg.head_index(head), False
+    h = jnp.asarray(head)
+    if h.shape != () or not jnp.issubdtype(h.dtype, jnp.integer):
+        raise ValueError(f"head must be an integer scalar (one structure's head index), got "
+                         f"{h.dtype} of shape {h.shape}; the MACE model's heads are "
+                         f"{list(cfg.heads)}.")
+    if not isinstance(head, jax.core.Tracer) and not 0 <= int(head) < cfg.num_heads:
+        raise ValueError(f"Head index {int(head)} is out of range: the MACE model has "
+                         f"{cfg.num_heads} head(s) {list(cfg.heads)} (index 0..{cfg.num_heads - 1}).")
+    return h, (h < 0) | (h >= cfg.num_heads)
+
+
 def check_cells(cfg: MaceConfig, data) -> None:
     """Refuse periodic cells narrower than twice ``r_max`` unless the data
     carry precomputed graphs (a jax-md neighbor list counts one periodic
@@ -134,6 +179,12 @@ def energy_fn_template(cfg: MaceConfig, displacement_fn: Callable | None = None,
     - ``species``: atomic numbers per atom, integers (N,); required.
     - ``mask``: bool (N,), True for real atoms (padding is False); default:
       all atoms real.
+    - ``head``: the head of a model with several heads (see
+      :attr:`MaceConfig.heads`), an integer index, a scalar per structure (a
+      dataset column ``'head'`` of shape (n_structures,) reaches the energy
+      function this way); a head name is also taken outside traced code.
+      Only that head's E0s, scale, shift and readout output contribute.
+      Default: head 0.
     - ``box`` and ``perturbation`` (jax-md's strain of every edge vector):
       ``perturbation`` is honoured in both cases, so the stress is the
       derivative with respect to it. Other keyword arguments are ignored.
@@ -142,10 +193,12 @@ def energy_fn_template(cfg: MaceConfig, displacement_fn: Callable | None = None,
     times :data:`ENERGY_TO_KJ_PER_MOL`), so its negative gradient gives forces
     in kJ/mol/nm. Edges longer than ``r_max``, padded edges and edges to masked
     atoms contribute nothing, and masked atoms have no energy. The energy is NaN
-    if a real atom's element is unknown to the model, so a trainer stops rather
-    than learn from it. ``energy_fn`` raises ``ValueError`` if ``species`` is
-    None, if ``neighbor`` is a jax-md OrderedSparse list (it holds one
-    direction per pair), or if a jax-md list comes without ``displacement_fn``.
+    if a real atom's element is unknown to the model, or a traced ``head``
+    index is out of range, so a trainer stops rather than learn from it.
+    ``energy_fn`` raises ``ValueError`` if ``species`` is None, if ``neighbor``
+    is a jax-md OrderedSparse list (it holds one direction per pair), if a
+    jax-md list comes without ``displacement_fn``, or if ``head`` is not an
+    integer scalar, an unknown name or (when not traced) an index out of range.
 
     Args:
       cfg: the model configuration (Angstrom, eV).
@@ -161,7 +214,8 @@ def energy_fn_template(cfg: MaceConfig, displacement_fn: Callable | None = None,
       inferred from ``displacement_fn``, and a ``validate_dataset`` that raises
       ``ValueError`` for a dataset without ``'species'``,
       :class:`UnknownElementError` for elements the model does not know (see
-      :func:`check_species`), and
+      :func:`check_species`), ``ValueError`` for a ``'head'`` column that is not
+      integer indices of the model's heads (see :func:`check_heads`), and
       :class:`~chemtrain.neighbors.SmallCellError` for periodic cells
       narrower than ``2 r_max`` unless the data carry precomputed graphs (a
       jax-md neighbor list counts one periodic image per pair, mace-torch all
@@ -169,7 +223,7 @@ def energy_fn_template(cfg: MaceConfig, displacement_fn: Callable | None = None,
     """
 
     def template(params):
-        def energy_fn(positions, neighbor, species=None, mask=None, **kwargs):
+        def energy_fn(positions, neighbor, species=None, mask=None, head=None, **kwargs):
             from jax_md import partition
             if species is None:
                 raise ValueError("The MACE energy function needs species= (atomic numbers per atom).")
@@ -183,16 +237,19 @@ def energy_fn_template(cfg: MaceConfig, displacement_fn: Callable | None = None,
                 displacement_fn, positions, neighbor, box=kwargs.get("box"),
                 perturbation=kwargs.get("perturbation"))
             real = real & node_mask[senders] & node_mask[receivers]
+            head, bad_head = _head_index(cfg, head)
             e = node_energies(params, cfg, vec * LENGTH_TO_ANGSTROM, senders=senders,
                               receivers=receivers, edge_mask=real,
-                              element=jnp.maximum(element, 0), node_mask=node_mask, method=method)
+                              element=jnp.maximum(element, 0), node_mask=node_mask, method=method,
+                              head=head)
             energy = jnp.sum(e) * ENERGY_TO_KJ_PER_MOL
-            unknown = jnp.any(node_mask & (element < 0))
+            unknown = jnp.any(node_mask & (element < 0)) | bad_head
             return jnp.where(unknown, jnp.nan, energy)
         return energy_fn
 
     def validate(data):
         check_species(cfg, data.get("species"), data.get("mask"))
+        check_heads(cfg, data.get("head"))
         check_cells(cfg, data)
 
     return EnergyTemplate(template, check_vma=CHECK_VMA, validate_dataset=validate,

@@ -45,7 +45,11 @@ def export_mace_torch(cfg: M.MaceConfig, params, path: str, dtype=None,
     The file is what ``torch.save(model, path)`` writes in mace-torch (written
     atomically: a crash leaves no half-written file), so
     ``mace.calculators.MACECalculator(model_paths=path)`` loads it, and
-    mace-torch's ``create_lammps_model`` converts it. The model is built with
+    mace-torch's ``create_lammps_model`` converts it. A model of several heads
+    is written as mace-torch's multi-head model (its ``heads`` are
+    ``cfg.heads``, in order): pick one with
+    ``MACECalculator(model_paths=path, head=name)``, or extract it with
+    mace-torch's ``mace_select_head``. The model is built with
     mace-torch's own constructor, its architecture is compared with ``cfg``
     field by field, and every trainable tensor is filled. Needs the
     ``mace-torch`` extra.
@@ -166,17 +170,25 @@ def _construct(cfg: M.MaceConfig):
             num_interactions=len(layers), num_elements=cfg.num_elements,
             hidden_irreps=o3.Irreps(hidden), MLP_irreps=o3.Irreps(cfg.mlp_irreps),
             atomic_energies=np.asarray(cfg.atomic_energies, np.float64),
+            heads=[str(h) for h in cfg.heads],
             avg_num_neighbors=float(cfg.avg_num_neighbors),
             atomic_numbers=[int(z) for z in cfg.atomic_numbers],
             correlation=[int(layer.correlation) for layer in layers],
             gate=torch.nn.functional.silu, pair_repulsion=bool(cfg.pair_repulsion),
             distance_transform=cfg.distance_transform or "None",
             radial_MLP=[int(w) for w in cfg.radial_mlp], keep_last_layer_irreps=keep_last,
-            atomic_inter_scale=float(cfg.scale), atomic_inter_shift=float(cfg.shift))
+            atomic_inter_scale=_number_or_list(cfg.scale),
+            atomic_inter_shift=_number_or_list(cfg.shift))
     except Exception as e:  # noqa: BLE001 - mace-torch asserts/raises many kinds
         raise UnsupportedModelError(
             f"Cannot export: mace-torch's ScaleShiftMACE constructor refused this configuration "
             f"({type(e).__name__}: {e}).") from e
+
+
+def _number_or_list(x):
+    """A per-head tuple as a list of floats (mace-torch's per-head scale or
+    shift), a single head's number as a float."""
+    return [float(v) for v in x] if isinstance(x, tuple) else float(x)
 
 
 def _fill_buffers(model, cfg: M.MaceConfig, torch) -> None:

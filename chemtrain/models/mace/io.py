@@ -167,6 +167,23 @@ def _bool(x):
     return x
 
 
+def _name(x):
+    if not isinstance(x, str) or not x:
+        raise TypeError(f"a non-empty string (a head name), got {x!r}")
+    return x
+
+
+def _numbers_or_rows(x):
+    """A list of numbers (one head) or a list of lists of numbers (per head)."""
+    if isinstance(x, list) and x and all(isinstance(v, list) for v in x):
+        return _seq(_seq(_real))(x)
+    return _seq(_real)(x)
+
+
+def _number_or_list(x):
+    return _seq(_real, min_length=1)(x) if isinstance(x, list) else _real(x)
+
+
 _LAYER = {"interaction": _choice(*M.INTERACTIONS), "node_irreps": _irreps, "edge_irreps": _irreps,
           "target_irreps": _irreps, "hidden_irreps": _irreps,
           "correlation": lambda x: _int(x, 1), "readout": _choice("linear", "nonlinear")}
@@ -189,13 +206,14 @@ _CONFIG = {
     "radial_mlp": _seq(lambda w: _int(w, 1)),
     "layers": _seq(_layer, min_length=1),
     "mlp_irreps": _irreps,
-    "atomic_energies": _seq(_real),
-    "scale": _real, "shift": _real, "act_constant": _real,
+    "atomic_energies": _numbers_or_rows,
+    "scale": _number_or_list, "shift": _number_or_list, "act_constant": _real,
     "distance_transform": _choice(None, "Agnesi"),
     "agnesi": _seq(_real, length=3),
     "pair_repulsion": _bool,
     "zbl": _seq(_real, length=6),
     "covalent_radii": _seq(_real),
+    "heads": _seq(_name, min_length=1),
 }
 
 
@@ -225,8 +243,9 @@ def config_from_json(text) -> MaceConfig:
 
     Every field is checked for its type and range (e.g. positive ``r_max``,
     integer widths >= 1, irreps strings e3nn can parse), and the fields
-    against each other: distinct atomic numbers 1..118 in increasing order, one
-    E0 per element, covalent radii up to the largest atomic number when the
+    against each other: distinct atomic numbers 1..118 in increasing order,
+    distinct head names, one E0 per element (per head), one scale and shift
+    per head for several heads, covalent radii up to the largest atomic number when the
     Agnesi transform or ZBL repulsion is on, scalar node irreps in the first
     layer, layers that chain, and irreps that can be combined.
 
@@ -260,9 +279,7 @@ def _check_consistent(cfg: MaceConfig) -> None:
     if list(Z) != sorted(set(Z)) or max(Z) > 118:
         raise ValueError(f"'atomic_numbers' must be distinct atomic numbers 1..118 in increasing "
                          f"order, got {list(Z)}")
-    if len(cfg.atomic_energies) != len(Z):
-        raise ValueError(f"'atomic_energies' must hold one E0 per element: {len(Z)} for the "
-                         f"atomic numbers {list(Z)}, got {len(cfg.atomic_energies)}")
+    _check_heads(cfg)
     if (cfg.distance_transform or cfg.pair_repulsion) and len(cfg.covalent_radii) <= max(Z):
         raise ValueError(f"'covalent_radii' (indexed by atomic number) must reach Z={max(Z)}, "
                          f"got {len(cfg.covalent_radii)} entries")
@@ -274,7 +291,41 @@ def _check_consistent(cfg: MaceConfig) -> None:
         if M.irreps(cfg.layers[t].node_irreps) != M.irreps(cfg.layers[t - 1].hidden_irreps):
             raise ValueError(f"layer {t} reads node features {cfg.layers[t].node_irreps!r} but "
                              f"layer {t - 1} writes {cfg.layers[t - 1].hidden_irreps!r}")
+    if cfg.num_heads > 1 and any(layer.readout == "nonlinear" for layer in cfg.layers) \
+            and len(M.irreps(cfg.mlp_irreps)) != 1:
+        raise ValueError(f"a model of several heads needs 'mlp_irreps' of one kind such as "
+                         f"'16x0e', got {cfg.mlp_irreps!r}")
     try:
         param_shapes(cfg)
     except Exception as e:  # noqa: BLE001 - irreps that cannot be combined
         raise ValueError(f"the layers' irreps cannot be combined ({type(e).__name__}: {e})") from None
+
+
+def _check_heads(cfg: MaceConfig) -> None:
+    """Distinct head names, and E0s, scale and shift laid out for them: flat
+    E0s and numbers for one head, one row and one entry per head for several."""
+    heads, Z, e0 = list(cfg.heads), list(cfg.atomic_numbers), cfg.atomic_energies
+    if len(set(heads)) != len(heads):
+        raise ValueError(f"'heads' must be distinct names, got {heads}")
+    rows = all(isinstance(v, tuple) for v in e0) and len(e0) > 0
+    if len(heads) == 1:
+        if rows:
+            raise ValueError(f"'atomic_energies' of a model of one head {heads} must be a list of "
+                             f"one E0 per element, got a list of {len(e0)} lists")
+        if len(e0) != len(Z):
+            raise ValueError(f"'atomic_energies' must hold one E0 per element: {len(Z)} for the "
+                             f"atomic numbers {Z}, got {len(e0)}")
+        for key in ("scale", "shift"):
+            if isinstance(getattr(cfg, key), tuple):
+                raise ValueError(f"{key!r} of a model of one head {heads} must be a number, "
+                                 f"got a list")
+        return
+    if not rows or len(e0) != len(heads) or any(len(row) != len(Z) for row in e0):
+        raise ValueError(f"'atomic_energies' of a model of {len(heads)} heads {heads} must be "
+                         f"{len(heads)} lists (one per head) of one E0 per element ({len(Z)} for "
+                         f"the atomic numbers {Z})")
+    for key in ("scale", "shift"):
+        value = getattr(cfg, key)
+        if not isinstance(value, tuple) or len(value) != len(heads):
+            raise ValueError(f"{key!r} of a model of {len(heads)} heads {heads} must be a list of "
+                             f"{len(heads)} numbers (one per head), got {value!r}")

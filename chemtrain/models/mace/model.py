@@ -32,12 +32,14 @@ import jax.numpy as jnp
 
 from chemtrain.models.mace.blocks import (bessel,  # noqa: F401 - re-exported
                                           element_linear, flat, linear, linear_instructions,
-                                          mlp, polynomial_cutoff, split_blocks)
+                                          mlp, polynomial_cutoff, readout, readout_mlp_irreps,
+                                          split_blocks, zbl)
 from chemtrain.models.mace.descriptors import (  # noqa: F401 - re-exported
                                                conv_descriptor, cue_irreps,
                                                default_method, irreps, symmetric_descriptor)
 
 RESIDUAL = "RealAgnosticResidualInteractionBlock"
+DEFAULT_HEADS = ("Default",)   # mace-torch's name of a single-head model's head
 PLAIN = "RealAgnosticInteractionBlock"
 INTERACTIONS = (PLAIN, RESIDUAL)
 
@@ -92,12 +94,18 @@ class MaceConfig:
         to the tensor-product weights.
       layers: one :class:`Layer` per interaction; each layer's
         ``node_irreps`` are the previous layer's ``hidden_irreps``.
-      mlp_irreps: irreps of the hidden layer of nonlinear readouts.
+      mlp_irreps: irreps of the hidden layer of nonlinear readouts, per head
+        (mace-torch's ``MLP_irreps``; a model of ``H`` heads has ``H`` times
+        as many hidden features, head ``h`` reading only its own block).
       atomic_energies: E0s, the energy in eV of each element in the order of
-        ``atomic_numbers``, added to each atom's energy.
+        ``atomic_numbers``, added to each atom's energy. One tuple per head,
+        ``((head 0's E0s), (head 1's E0s), ...)``, for a model of several
+        heads; a flat tuple for a single head.
       scale: factor applied to each atom's interaction energy (the summed
-        readouts of all layers plus the ZBL term).
-      shift: added, in eV, to each atom's scaled interaction energy.
+        readouts of all layers plus the ZBL term); a tuple of one per head
+        for several heads, a number for one.
+      shift: added, in eV, to each atom's scaled interaction energy; per head
+        as ``scale``.
       act_constant: e3nn's normalize2mom constant of SiLU (the factor of SiLU in
         the radial MLP and nonlinear readouts).
       distance_transform: None or ``"Agnesi"`` (Agnesi transform of the
@@ -107,6 +115,13 @@ class MaceConfig:
       zbl: ZBL parameters ``(c0, c1, c2, c3, a_exp, a_prefactor)``.
       covalent_radii: covalent radii in Angstrom indexed by atomic number
         (used by the Agnesi transform and the ZBL repulsion).
+      heads: names of the heads, distinct; default ``("Default",)``, what
+        mace-torch calls the head of a single-head model. Every layer is shared;
+        each head has its own readout output (one column of every readout),
+        E0s, scale and shift. Head ``i`` is ``heads[i]`` (the ``head`` index of
+        :func:`node_energies` and the energy function); mace-torch's
+        multi-head fine-tuning puts the foundation model's head, ``"pt_head"``,
+        first.
     """
     atomic_numbers: tuple[int, ...]
     r_max: float
@@ -117,29 +132,34 @@ class MaceConfig:
     radial_mlp: tuple[int, ...]
     layers: tuple[Layer, ...]
     mlp_irreps: str
-    atomic_energies: tuple[float, ...]     # eV per element (E0s)
-    scale: float
-    shift: float
+    atomic_energies: tuple[float, ...] | tuple[tuple[float, ...], ...]  # eV per element (per head)
+    scale: float | tuple[float, ...]
+    shift: float | tuple[float, ...]
     act_constant: float                    # e3nn's normalize2mom constant of SiLU
     distance_transform: str | None = None  # None or "Agnesi"
     agnesi: tuple[float, float, float] = (0.9183, 4.5791, 1.0805)   # q, p, a
     pair_repulsion: bool = False
     zbl: tuple[float, ...] = (0.1818, 0.5099, 0.2802, 0.02817, 0.300, 0.4543)  # c0..c3, a_exp, a_prefactor
     covalent_radii: tuple[float, ...] = ()  # Angstrom, indexed by atomic number
+    heads: tuple[str, ...] = DEFAULT_HEADS
 
     def to_json(self) -> str:
         """Serialize the configuration to a JSON string.
 
         Numpy scalars (e.g. atomic numbers taken from an array) are written as plain
-        numbers, other objects JSON cannot hold as their ``str``.
+        numbers, other objects JSON cannot hold as their ``str``. The ``heads``
+        field is left out when it is the default ``("Default",)``, so that a
+        single-head model's JSON is what chemtrain wrote before it knew heads.
 
         Returns:
           The JSON text of all fields (read back with :meth:`from_json` or, checked,
           :func:`chemtrain.models.mace.config_from_json`).
         """
+        d = dataclasses.asdict(self)
+        if tuple(self.heads) == DEFAULT_HEADS:
+            del d["heads"]   # readable by chemtrain versions without heads
         # numpy scalars (e.g. atomic numbers taken from an array) as plain numbers
-        return json.dumps(dataclasses.asdict(self),
-                          default=lambda x: x.item() if hasattr(x, "item") else str(x))
+        return json.dumps(d, default=lambda x: x.item() if hasattr(x, "item") else str(x))
 
     @classmethod
     def from_json(cls, text: str) -> "MaceConfig":
@@ -163,13 +183,80 @@ class MaceConfig:
         d = json.loads(text)
         d["layers"] = tuple(Layer(**layer) for layer in d["layers"])
         for key in ("atomic_numbers", "radial_mlp", "atomic_energies", "agnesi", "zbl", "covalent_radii"):
-            d[key] = tuple(d[key])
+            d[key] = _tuples(d[key])
+        for key in ("scale", "shift", "heads"):
+            if key in d:
+                d[key] = _tuples(d[key])
         return cls(**d)
 
     @property
     def num_elements(self) -> int:
         """Number of elements the model knows (``len(atomic_numbers)``)."""
         return len(self.atomic_numbers)
+
+    @property
+    def num_heads(self) -> int:
+        """Number of heads (``len(heads)``)."""
+        return len(self.heads)
+
+    def head_index(self, head) -> int:
+        """The index of a head given by name or index.
+
+        Args:
+          head: a head name (one of :attr:`heads`) or an integer index
+            ``0 <= head < num_heads`` (negative indices count from the end).
+
+        Returns:
+          The index into :attr:`heads`.
+
+        Raises:
+          ValueError: naming the heads there are, for an unknown name or an
+            index out of range.
+        """
+        if isinstance(head, str):
+            if head not in self.heads:
+                raise ValueError(f"The MACE model has no head {head!r}; its heads are "
+                                 f"{list(self.heads)}.")
+            return self.heads.index(head)
+        if isinstance(head, bool) or not isinstance(head, (int, np.integer)):
+            raise ValueError(f"A head is a name or an integer index, got {head!r}; the heads are "
+                             f"{list(self.heads)}.")
+        if not -self.num_heads <= head < self.num_heads:
+            raise ValueError(f"Head index {int(head)} is out of range: the MACE model has "
+                             f"{self.num_heads} head(s) {list(self.heads)}.")
+        return int(head) % self.num_heads
+
+    def atomic_energies_per_head(self) -> np.ndarray:
+        """The E0s as a float64 array (num_heads, num_elements), one row per head.
+
+        Raises:
+          ValueError: if ``atomic_energies`` is not laid out for the heads (a
+            flat tuple for one head, one tuple per head for several).
+        """
+        e0 = np.asarray(self.atomic_energies, np.float64)
+        e0 = e0[None] if self.num_heads == 1 and e0.ndim == 1 else e0
+        if e0.shape != (self.num_heads, self.num_elements):
+            raise ValueError(f"atomic_energies of shape {e0.shape} do not fit {self.num_heads} "
+                             f"head(s) {list(self.heads)} and {self.num_elements} elements: give "
+                             f"one tuple of E0s per head (a flat tuple for one head).")
+        return e0
+
+    def scale_shift_per_head(self) -> tuple[np.ndarray, np.ndarray]:
+        """Scale and shift as two float64 arrays (num_heads,), one entry per head.
+
+        Raises:
+          ValueError: if ``scale`` or ``shift`` is not laid out for the heads (a
+            number for one head, a tuple of one per head for several).
+        """
+        out = []
+        for key in ("scale", "shift"):
+            x = np.asarray(getattr(self, key), np.float64)
+            if x.shape != (() if self.num_heads == 1 else (self.num_heads,)):
+                raise ValueError(f"{key} of shape {x.shape} does not fit {self.num_heads} head(s) "
+                                 f"{list(self.heads)}: give a number for one head, a tuple of one "
+                                 f"per head for several.")
+            out.append(x.reshape(self.num_heads))
+        return tuple(out)
 
     def element_table(self) -> np.ndarray:
         """Lookup table from atomic number to the model's element index.
@@ -186,13 +273,19 @@ class MaceConfig:
 # --------------------------------------------------------------------------
 # the model
 
+def _tuples(x):
+    """JSON lists (nested) as tuples."""
+    return tuple(_tuples(v) for v in x) if isinstance(x, list) else x
+
+
 def node_energies(params, cfg: MaceConfig, vectors, senders, receivers, edge_mask,
-                  element, node_mask, method: str | None = None):
+                  element, node_mask, method: str | None = None, head=None):
     """Per-atom energies (eV) of one structure.
 
     Lengths are in Angstrom and energies in eV, as in mace-torch. An atom's
     energy is its element's E0 plus ``scale * (sum of the readouts of all
-    layers, plus the ZBL term if enabled) + shift``. Edges with ``edge_mask``
+    layers, plus the ZBL term if enabled) + shift``, with the E0s, scale,
+    shift and readout output of the chosen head. Edges with ``edge_mask``
     False or longer than ``cfg.r_max`` contribute nothing. The ZBL repulsion is
     added half per directed edge, so the edges must hold both directions of
     every pair.
@@ -216,6 +309,8 @@ def node_energies(params, cfg: MaceConfig, vectors, senders, receivers, edge_mas
       method: cuequivariance-jax execution method; default: ``"uniform_1d"``
         (the CUDA kernel) on a GPU when cuequivariance-ops-jax is installed,
         ``"naive"`` (plain JAX) elsewhere.
+      head: index of the head, an integer scalar (may be traced; not checked
+        here: a traced index out of range is clamped); None: head 0.
 
     Returns:
       The energy of each atom, shape (n_atoms,) in eV (0 where ``node_mask`` is
@@ -250,9 +345,8 @@ def node_energies(params, cfg: MaceConfig, vectors, senders, receivers, edge_mas
     sh = e3nn.spherical_harmonics(sh_irreps, safe_vec, normalize=True, normalization="component").array
     sh = sh * inside[:, None]
 
-    node_scale = []
-    if cfg.pair_repulsion:
-        node_scale.append(_zbl(cfg, r, Z, senders, receivers, inside, n))
+    pair = zbl(cfg, r, Z, senders, receivers, inside, n) if cfg.pair_repulsion else 0.0
+    reads = []
 
     onehot_w = params["embedding"]  # (num_elements, features)
     h = [(onehot_w[element] / math.sqrt(cfg.num_elements))[:, None, :]]
@@ -288,35 +382,14 @@ def node_energies(params, cfg: MaceConfig, vectors, senders, receivers, edge_mas
                    layer.hidden_irreps, layer.hidden_irreps)
         if sc is not None:
             h = [a + b for a, b in zip(h, sc)]
-        node_scale.append(_readout(p_read, h, layer, cfg))
+        reads.append(readout(p_read, h, layer, cfg))
 
-    inter = cfg.scale * sum(node_scale) + cfg.shift
-    e0 = jnp.asarray(cfg.atomic_energies, dtype)[element]
+    # every readout gives one column per head: sum them, then take the head's
+    hd = 0 if head is None else head
+    scales, shifts = (jnp.asarray(x, dtype) for x in cfg.scale_shift_per_head())
+    inter = scales[hd] * (sum(reads)[:, hd] + pair) + shifts[hd]
+    e0 = jnp.asarray(cfg.atomic_energies_per_head(), dtype)[hd][element]
     return jnp.where(node_mask, e0 + inter, 0.0)
-
-
-def _readout(p, h, layer: Layer, cfg: MaceConfig):
-    if layer.readout == "linear":
-        return linear(p["linear"], h, layer.hidden_irreps, "1x0e")[0][:, 0, 0]
-    x = linear(p["linear_1"], h, layer.hidden_irreps, cfg.mlp_irreps)
-    x = [cfg.act_constant * jax.nn.silu(b) for b in x]
-    return linear(p["linear_2"], x, cfg.mlp_irreps, "1x0e")[0][:, 0, 0]
-
-
-def _zbl(cfg: MaceConfig, r, Z, senders, receivers, inside, n):
-    """Ziegler-Biersack-Littmark repulsion as in mace-torch (per receiver,
-    half of each directed edge)."""
-    c0, c1, c2, c3, a_exp, a_pre = cfg.zbl
-    zu, zv = Z[senders].astype(r.dtype), Z[receivers].astype(r.dtype)
-    a = a_pre * 0.529 / (zu ** a_exp + zv ** a_exp)
-    x = r / a
-    phi = (c0 * jnp.exp(-3.2 * x) + c1 * jnp.exp(-0.9423 * x) + c2 * jnp.exp(-0.4028 * x)
-           + c3 * jnp.exp(-0.2016 * x))
-    v = 14.3996 * zu * zv / r * phi
-    radii = jnp.asarray(cfg.covalent_radii, r.dtype)
-    rmax = radii[Z[senders]] + radii[Z[receivers]]
-    v = 0.5 * v * polynomial_cutoff(r, rmax, cfg.num_polynomial_cutoff)
-    return jax.ops.segment_sum(jnp.where(inside, v, 0.0), receivers, num_segments=n)
 
 
 def sh_irreps_string(max_ell: int) -> str:

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from .model import (RESIDUAL, MaceConfig, conv_descriptor, irreps, linear_instructions,
-                    sh_irreps_string, symmetric_descriptor)
+                    readout_mlp_irreps, sh_irreps_string, symmetric_descriptor)
 
 def _linear_shapes(irreps_in: str, irreps_out: str, num_elements: int | None = None):
     a, b = irreps(irreps_in), irreps(irreps_out)
@@ -42,7 +42,14 @@ def param_shapes(cfg: MaceConfig):
       (num_elements, paths * channels), and the list ``"linear"``;
       ``readouts[t]`` holds the list ``"linear"`` (linear readout) or the lists
       ``"linear_1"`` and ``"linear_2"`` (nonlinear readout). Linear weights are
-      (mul_in, mul_out) matrices, one per e3nn path.
+      (mul_in, mul_out) matrices, one per e3nn path. A readout has one output
+      per head (mace-torch's layout): ``linear`` maps to ``num_heads`` columns,
+      column ``k`` head ``k``'s; a nonlinear readout's hidden layer has
+      ``num_heads`` blocks of ``mlp_irreps`` (``linear_1`` writes block ``k``
+      in columns ``k * K:(k + 1) * K``) and ``linear_2``, (num_heads * K,
+      num_heads), maps block ``k`` to column ``k`` (its other entries are not
+      used, as in mace-torch). A single head has exactly the shapes of
+      chemtrain before heads.
     """
     sh = sh_irreps_string(cfg.max_ell)
     n_el = cfg.num_elements
@@ -63,11 +70,12 @@ def param_shapes(cfg: MaceConfig):
         spoly = symmetric_descriptor(layer.target_irreps, sym_out, layer.correlation)
         tree["products"].append({"symmetric": (n_el, spoly.inputs[0].size),
                                  "linear": _linear_shapes(layer.hidden_irreps, layer.hidden_irreps)})
+        out, mlp_hidden = f"{cfg.num_heads}x0e", readout_mlp_irreps(cfg)
         if layer.readout == "linear":
-            tree["readouts"].append({"linear": _linear_shapes(layer.hidden_irreps, "1x0e")})
+            tree["readouts"].append({"linear": _linear_shapes(layer.hidden_irreps, out)})
         else:
-            tree["readouts"].append({"linear_1": _linear_shapes(layer.hidden_irreps, cfg.mlp_irreps),
-                                     "linear_2": _linear_shapes(cfg.mlp_irreps, "1x0e")})
+            tree["readouts"].append({"linear_1": _linear_shapes(layer.hidden_irreps, mlp_hidden),
+                                     "linear_2": _linear_shapes(mlp_hidden, out)})
     return tree
 
 

@@ -27,7 +27,7 @@ class UnsupportedModelError(ValueError):
     whose architecture chemtrain does not implement (chemtrain implements
     ``ScaleShiftMACE``/``MACE`` with ``RealAgnosticInteractionBlock`` and
     ``RealAgnosticResidualInteractionBlock``, Bessel radial basis, optional
-    Agnesi transform and ZBL repulsion, one head, e3nn layers);
+    Agnesi transform and ZBL repulsion, one or several heads, e3nn layers);
     :func:`chemtrain.models.mace.export_mace_torch` raises it for a
     configuration that mace-torch's constructor cannot reproduce exactly.
     """
@@ -39,7 +39,7 @@ def _unsupported(what: str):
         f"Unsupported mace-torch architecture variant: {what}. chemtrain implements "
         f"ScaleShiftMACE/MACE with RealAgnosticInteractionBlock and "
         f"RealAgnosticResidualInteractionBlock, Bessel radial basis, optional Agnesi "
-        f"transform and ZBL repulsion, one head, e3nn (not cuEquivariance) layers.")
+        f"transform and ZBL repulsion, e3nn (not cuEquivariance) layers.")
 
 
 def _cls(m) -> str:
@@ -51,8 +51,9 @@ def config_from_torch(m) -> M.MaceConfig:
     name = _cls(m)
     if name not in ("ScaleShiftMACE", "MACE"):
         _unsupported(f"model class {name}")
-    if len(getattr(m, "heads", ["Default"])) != 1:
-        _unsupported(f"{len(m.heads)} heads {list(m.heads)}")
+    heads = tuple(str(h) for h in getattr(m, "heads", None) or M.DEFAULT_HEADS)
+    if len(set(heads)) != len(heads):
+        _unsupported(f"repeated head names {list(heads)}")
     for attr in ("joint_embedding", "embedding_readout"):
         if hasattr(m, attr):
             _unsupported(f"extra embeddings ({attr})")
@@ -97,6 +98,8 @@ def config_from_torch(m) -> M.MaceConfig:
                 _unsupported("readout activation")
             _check_silu(acts[0].f)
             act_constants.append(float(acts[0].cst))
+            if len(heads) > 1 and getattr(read, "num_heads", 1) != len(heads):
+                _unsupported(f"a nonlinear readout that does not mask its {len(heads)} heads")
         else:
             _unsupported(f"readout block {rname}")
         for layer in inter.conv_tp_weights.children():
@@ -122,21 +125,9 @@ def config_from_torch(m) -> M.MaceConfig:
     mlp_irreps = "1x0e"
     for read in m.readouts:
         if _cls(read) == "NonLinearReadoutBlock":
-            mlp_irreps = str(read.hidden_irreps)
+            mlp_irreps = _per_head_mlp(str(read.hidden_irreps), len(heads))
 
-    e0 = np.asarray(m.atomic_energies_fn.atomic_energies.detach().cpu().numpy(), np.float64)
-    if e0.ndim == 2:
-        if e0.shape[0] != 1:
-            _unsupported(f"atomic energies for {e0.shape[0]} heads")
-        e0 = e0[0]
-    if name == "ScaleShiftMACE":
-        scale = np.asarray(m.scale_shift.scale.detach().cpu().numpy(), np.float64).reshape(-1)
-        shift = np.asarray(m.scale_shift.shift.detach().cpu().numpy(), np.float64).reshape(-1)
-        if scale.size != 1 or shift.size != 1:
-            _unsupported("per-head scale and shift")
-        scale, shift = float(scale[0]), float(shift[0])
-    else:
-        scale, shift = 1.0, 0.0
+    e0, scale, shift = _per_head_constants(m, name, heads)
 
     import ase.data
     kwargs = {}
@@ -163,14 +154,45 @@ def config_from_torch(m) -> M.MaceConfig:
         radial_mlp=tuple(rmlp),
         layers=tuple(layers),
         mlp_irreps=mlp_irreps,
-        atomic_energies=tuple(float(x) for x in e0),
-        scale=scale, shift=shift,
+        atomic_energies=e0, scale=scale, shift=shift, heads=heads,
         act_constant=act_constants[0],
         distance_transform=transform,
         pair_repulsion=pair,
         covalent_radii=tuple(float(r) for r in radii),
         **kwargs,
     )
+
+
+def _per_head_mlp(hidden: str, n_heads: int) -> str:
+    """A nonlinear readout's hidden irreps (``n_heads * MLP_irreps``) per head."""
+    if n_heads == 1:
+        return hidden
+    blocks = M.irreps(hidden)
+    if len(blocks) != 1 or blocks[0].mul % n_heads:
+        _unsupported(f"readout hidden irreps {hidden} for {n_heads} heads")
+    return f"{blocks[0].mul // n_heads}x{blocks[0].ir}"
+
+
+def _per_head_constants(m, name: str, heads):
+    """E0s, scale and shift as MaceConfig holds them: flat and numbers for
+    one head, one row and one entry per head for several."""
+    n = len(heads)
+    e0 = np.asarray(m.atomic_energies_fn.atomic_energies.detach().cpu().numpy(), np.float64)
+    e0 = e0.reshape(1, -1) if e0.ndim == 1 else e0
+    if e0.ndim != 2 or e0.shape[0] != n:
+        _unsupported(f"atomic energies of shape {e0.shape} for {n} heads {list(heads)}")
+    if name == "ScaleShiftMACE":
+        scale, shift = (np.asarray(t.detach().cpu().numpy(), np.float64).reshape(-1)
+                        for t in (m.scale_shift.scale, m.scale_shift.shift))
+        if scale.size != n or shift.size != n:
+            # mace-torch indexes scale[head]: one per head, or it fails
+            _unsupported(f"{scale.size} scale(s) and {shift.size} shift(s) for {n} heads")
+    else:
+        scale, shift = np.ones(n), np.zeros(n)
+    if n == 1:
+        return tuple(float(x) for x in e0[0]), float(scale[0]), float(shift[0])
+    return (tuple(tuple(float(x) for x in row) for row in e0),
+            tuple(float(x) for x in scale), tuple(float(x) for x in shift))
 
 
 def _check_silu(f):
@@ -310,7 +332,10 @@ def load_mace_torch(path: str, *, trusted: bool = False, dtype=None):
 
     Returns:
       The pair ``(config, params)`` of the :class:`MaceConfig` (Angstrom, eV)
-      and the parameter pytree of numpy arrays.
+      and the parameter pytree of numpy arrays. A multi-head model gives a
+      configuration of its heads (``config.heads`` is the model's ``heads``,
+      in order, with each head's E0s, scale and shift) and readouts with one
+      output per head.
 
     Raises:
       UntrustedFileError: unless ``trusted`` is True.
