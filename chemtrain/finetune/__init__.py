@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 
@@ -27,7 +28,9 @@ import numpy as np
 
 from . import data as D
 from . import model as M
+from . import replay as P
 from . import report as R
+from . import training as T
 from .cli import given, parse_args
 from ..parallel.failures import is_raised_everywhere
 from .data import DataError
@@ -78,13 +81,15 @@ def run(argv=None) -> dict:
     """
     args = parse_args(argv)
     size_flags = given(argv, M.SIZE_FLAGS)
+    T.check_flags(args, argv)
+    P.check_flags(args, argv)
+    replay_note = P.mace_torch_settings(args, argv) if P.active(args) else None
     import jax
     if args.default_dtype == "float64":
         jax.config.update("jax_enable_x64", True)
     if args.jax_cache:
         jax.config.update("jax_compilation_cache_dir", args.jax_cache)
     import jax.numpy as jnp
-    import optax
     from ..models import mace
     from ..trainers import EnsembleOfModels, ForceMatching
     dtype = np.float64 if args.default_dtype == "float64" else np.float32
@@ -92,6 +97,7 @@ def run(argv=None) -> dict:
     earlier = check_folder(out, args.name, args.restart_latest)
     weights = {"U": args.energy_weight, "F": args.forces_weight, "stress": args.stress_weight}
     gammas = M.gammas(args)
+    losses, per_atom = T.losses(args)
     sets, rows, hdf5 = load_sets(args, weights)
     check_plausible(args, sets, rows)
     train = sets["training"]
@@ -101,6 +107,10 @@ def run(argv=None) -> dict:
     # the starting model
     if args.foundation_model:
         cfg, params = M.load_foundation(args.foundation_model, args.trust_foundation_model)
+        if cfg.num_heads > 1:   # as mace-torch: fine-tune the first head's model
+            cfg, params = mace.select_head(cfg, params, cfg.heads[0])
+            notes.append(f"{args.foundation_model} has several heads: fine-tuning its first, "
+                         f"{cfg.heads[0]!r}.")
         for s in everything:
             M.check_elements(cfg, s["species"], s["mask"], args.foundation_model)
         M.check_sizes_unused(cfg, args, size_flags, args.foundation_model)
@@ -121,13 +131,26 @@ def run(argv=None) -> dict:
         params = mace.init_params(cfg, jax.random.PRNGKey(args.seed), dtype)
         notes.append(f"No --foundation_model: a random MACE, {M.describe(cfg, params)}.")
     params = jax.tree.map(lambda p: jnp.asarray(p, dtype), params)
-    cfg, e0_note = M.set_e0s(cfg, args.E0s, train, bool(args.foundation_model))
-    notes.append(e0_note)
+    foundation_cfg = cfg
     r_max_nm = cfg.r_max * D.LENGTH
+    if args.E0s == "estimated" and args.foundation_model:
+        cfg, e0_note = M.estimated_e0s(cfg, params, D.to_model_arrays(
+            train, r_max_nm, dtype, False), train)
+    else:
+        cfg, e0_note = M.set_e0s(cfg, args.E0s, train, bool(args.foundation_model))
+    notes.append(e0_note)
+    if P.active(args):   # heads pt_head and Default; the replayed structures join the training set
+        pt = P.load_pretraining(args, foundation_cfg, weights, args.seed)
+        cfg, params = P.heads_model(foundation_cfg, cfg, params)
+        sets["training"], mix = P.combine(sets["training"], pt, args)
+        for stage in ("validation", "testing"):
+            sets[stage] = P.with_head(sets[stage], 1)
+        notes += [n for n in (replay_note, mix) if n]
 
     # the data the trainer sees: graphs everywhere but in an HDF5 training
     # file of molecules without graphs (a jax-md list, built for free space)
     nbrs_init, displacement = None, None
+    u_factor = 1.0   # the energy weight's factor (HDF5: the mean 1/N^2)
     weights_keys = {"stress": "stress_weight"} if "stress" in gammas else {}
     if hdf5:
         import h5py
@@ -144,43 +167,72 @@ def run(argv=None) -> dict:
             displacement, _ = neighbors.make_space(None)
             nbrs_init = neighbors.neighbor_list(displacement, None, r_max_nm).allocate(
                 jnp.asarray(train["R"][int(np.argmax(train["mask"].sum(1)))], dtype))
-        if "U" in gammas:  # a per-atom energy loss through the mean 1/N^2 of the training rows
-            gammas["U"] *= float(np.mean(1.0 / train["mask"].sum(1) ** 2))
+        if "U" in gammas and not per_atom:  # a per-atom energy loss through the mean 1/N^2
+            u_factor = float(np.mean(1.0 / train["mask"].sum(1) ** 2))
+            gammas["U"] *= u_factor
         loader = HDF5ParallelDataLoader(args.train_file, keys=file_keys, rows=rows["training"],
                                         dtype=dtype)
         prep = lambda s: D.to_model_arrays(s, r_max_nm, dtype, False)  # noqa: E731
     else:
-        if "U" in gammas:
+        if "U" in gammas and not per_atom:   # (error per atom)^2 = error^2 / N^2
             weights_keys["U"] = "U_weight"
         prep = lambda s: D.to_model_arrays(s, r_max_nm, dtype, True)  # noqa: E731
     ready = {stage: (prep(s) if s is not None else None) for stage, s in sets.items()
              if not (hdf5 and stage == "training")}
+    if P.active(args):
+        weights_keys = P.weight_keys(ready, gammas, weights_keys)
     test_stage = "testing" if ready.get("testing") is not None else "validation"
     if ready.get(test_stage) is None:
         raise DataError("There is neither a test nor a validation set: give --test_file, "
                         "--n_test or --test_fraction, or --valid_fraction above 0.")
 
-    n_train = len(rows["training"])
-    steps = max(args.max_num_epochs * (n_train // args.batch_size), 1)
-    optimizer = optax.adam(optax.cosine_decay_schedule(args.lr, steps, alpha=0.05))
+    n_train = len(sets["training"]["R"]) if not hdf5 else len(rows["training"])
+    optimizer, opt_note = T.optimizer(args, params, n_train // args.batch_size)
+    notes.append(opt_note)
     template = mace.energy_fn_template(cfg, displacement)
     ckpt_dir = os.path.join(out, "checkpoints")
-    options = dict(batch=args.batch_size, parallelism=args.parallelism, gammas=gammas,
-                   weights_keys=weights_keys, checkpoint_path=ckpt_dir,
-                   log_file=os.path.join(out, "metrics.jsonl"), seed=args.seed,
-                   epoch_line=R.epoch_line(ready.get("validation")))
+    if args.ensemble_size > 1 and hdf5:
+        raise DataError("--ensemble_size trains from in-memory data (each member draws its "
+                        "own order): give --train_file as extxyz or npz, or train one model.")
     if args.ensemble_size > 1:
-        if hdf5:
-            raise DataError("--ensemble_size trains from in-memory data (each member draws its "
-                            "own order): give --train_file as extxyz or npz, or train one model.")
-        members = M.committee_params(cfg, params, args, dtype)
         notes.append(f"A committee of {args.ensemble_size} members, trained in one vectorised "
                      f"step" + (", each on its own bootstrap sample" if args.ensemble_bootstrap
                                 else "") + ".")
-        trainer = EnsembleOfModels(members, optimizer, template, nbrs_init,
-                                   bootstrap=args.ensemble_bootstrap, **options)
-    else:
-        trainer = ForceMatching(params, optimizer, template, nbrs_init, **options)
+
+    def build(optimizer, gammas):
+        """The trainer (with its data) of one stage's optimizer and loss weights."""
+        options = dict(batch=args.batch_size, parallelism=args.parallelism, gammas=gammas,
+                       weights_keys=weights_keys, checkpoint_path=ckpt_dir,
+                       log_file=os.path.join(out, "metrics.jsonl"), seed=args.seed,
+                       epoch_line=R.epoch_line(ready.get("validation")), losses=losses)
+        if args.ensemble_size > 1:
+            trainer = EnsembleOfModels(M.committee_params(cfg, params, args, dtype), optimizer,
+                                       template, nbrs_init, bootstrap=args.ensemble_bootstrap,
+                                       **options)
+        else:
+            trainer = ForceMatching(params, optimizer, template, nbrs_init, **options)
+        if hdf5:
+            trainer.set_loader(loader, "training")
+        else:
+            trainer.set_dataset(ready["training"], "training")
+        for stage in ("validation", "testing"):
+            if ready.get(stage) is not None:
+                trainer.set_dataset(ready[stage], stage)
+        return trainer
+
+    def stage_two(checkpoint):
+        """Stage two's trainer, continuing from ``checkpoint`` (the state at
+        its first epoch, or later): its best model is stage two's own."""
+        two = T.stage_two_args(args)
+        g2 = {t: w * u_factor if t == "U" else w for t, w in M.gammas(two).items()}
+        trainer = build(T.optimizer(two, params, n_train // args.batch_size)[0], g2)
+        restore(trainer, [checkpoint])
+        if trainer.epoch == start_two:   # the loss weights change: so does the best loss
+            trainer.state = trainer.state.replace(best_loss=math.inf)
+        return trainer
+
+    start_two = T.stage_two_start(args)
+    trainer = build(optimizer, gammas)
     root = trainer.strategy.is_root
     say = print if root else (lambda *a, **k: None)
     setup = setup_record(args, sets, rows, not args.foundation_model)
@@ -196,15 +248,10 @@ def run(argv=None) -> dict:
         f"{len(ready[test_stage]['R'])} ({test_stage} set) structures; parallelism "
         f"{args.parallelism!r} -> {trainer.strategy.name}, {trainer.strategy.n_shards} shard(s), "
         f"global batch {args.batch_size}, {args.default_dtype}")
-    if hdf5:
-        trainer.set_loader(loader, "training")
-    else:
-        trainer.set_dataset(ready["training"], "training")
-    for stage in ("validation", "testing"):
-        if ready.get(stage) is not None:
-            trainer.set_dataset(ready[stage], stage)
     if earlier:
         restore(trainer, earlier)
+        if start_two is not None and trainer.epoch >= start_two:
+            trainer = stage_two(earlier[-1])
         say(f"Resumed from {earlier[-1]} (epoch {trainer.epoch})")
     if root:
         os.makedirs(ckpt_dir, exist_ok=True)
@@ -217,10 +264,10 @@ def run(argv=None) -> dict:
     if "stress" in gammas and not test_has_stress:
         say(f"The {test_stage} set has no stress labels: no stress errors are reported.")
 
-    def measure(pred):
+    def measure(pred, params=None):
         s = R.summary(pred, test)
         if "stress" in gammas and test_has_stress:
-            st = trainer.evaluate(test_stage)["stress"]
+            st = trainer.evaluate(test_stage, params=params)["stress"]
             s["stress_eV_per_A3"] = {k: v / D.STRESS for k, v in st.items()}
         return s
 
@@ -230,14 +277,29 @@ def run(argv=None) -> dict:
     say(R.line(label, before))
     from tqdm.contrib.logging import logging_redirect_tqdm
     with logging_redirect_tqdm():
-        trainer.train(max(args.max_num_epochs - trainer.epoch, 0),
-                      checkpoint_freq=args.checkpoint_every)
+        if start_two is not None and trainer.epoch < start_two:
+            trainer.train(start_two - trainer.epoch, checkpoint_freq=args.checkpoint_every,
+                          patience=args.patience)
+            if trainer.epoch == start_two:   # not stopped early: on to stage two
+                boundary = os.path.join(ckpt_dir, f"epoch_{trainer.epoch:05d}.npz")
+                if trainer.epoch % args.checkpoint_every:
+                    trainer.save_checkpoint(boundary)
+                trainer = stage_two(boundary)
+                say(f"Stage two from epoch {start_two}: learning rate {args.swa_lr:g}, weights "
+                    f"energy {args.swa_energy_weight:g}, forces {args.swa_forces_weight:g}"
+                    + (f", stress {args.swa_stress_weight:g}" if "stress" in gammas else ""))
+        if not trainer.stopped_early:
+            trainer.train(max(args.max_num_epochs - trainer.epoch, 0),
+                          checkpoint_freq=args.checkpoint_every, patience=args.patience)
     if trainer.epoch % args.checkpoint_every:
         trainer.save_checkpoint(os.path.join(ckpt_dir, f"epoch_{trainer.epoch:05d}.npz"))
-    pred_after = trainer.predict(test)
-    after = measure(pred_after)
-    say(R.line(f"trained (epoch {trainer.epoch})", after))
-    results = {"before": before, "after": after, "epoch": trainer.epoch, "test_set": test_stage,
+    final, which = M.final_params(trainer, args.export_model)
+    pred_after = trainer.predict(test, params=final)
+    after = measure(pred_after, final)
+    say(R.line(f"trained (epoch {trainer.epoch}{which})", after))
+    results = {"before": before, "after": after, "epoch": trainer.epoch,
+               "exported_epoch": M.exported_epoch(trainer, args.export_model),
+               "stopped_early": trainer.stopped_early, "test_set": test_stage,
                "n_test": len(test["R"]), "test_rows": rows[test_stage].tolist()
                if not (test_stage == "testing" and args.test_file) else None,
                "parallelism": trainer.strategy.name, "n_shards": trainer.strategy.n_shards,
@@ -251,7 +313,7 @@ def run(argv=None) -> dict:
         curve = os.path.join(out, "curve.png")
         if os.path.exists(metrics) and R.curve_plot(curve, metrics):
             results["curve_plot"] = curve
-        results.update(M.write_models(out, args, cfg, trainer))
+        results.update(M.write_models(out, args, cfg, trainer, final))
         with open(os.path.join(out, "results.json"), "w") as f:
             json.dump(results, f, indent=1)
         say(f"Parity plot: {plot}" + (f"; learning curve: {curve}" if "curve_plot" in results else ""))

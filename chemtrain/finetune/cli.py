@@ -82,6 +82,34 @@ def _file_name(text):
 
 _file_name.__name__ = "name"
 
+
+def _frozen(text):
+    """``--freeze``: block names separated by commas, or mace-torch's number."""
+    text = text.strip()
+    if re.fullmatch(r"[+-]?\d+", text):
+        return int(text)
+    names = [n.strip() for n in text.split(",")]
+    if not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*", n) for n in names):
+        raise argparse.ArgumentTypeError(
+            f"must be block names separated by commas, such as 'embedding,interactions.0', "
+            f"or a whole number as in mace-torch, got {text!r}")
+    return names
+
+
+_frozen.__name__ = "blocks"
+
+
+def _bool(text):
+    """mace-torch's booleans: True/False, yes/no, 1/0."""
+    value = {"true": True, "yes": True, "1": True, "false": False, "no": False,
+             "0": False}.get(text.strip().lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"must be True or False, got {text!r}")
+    return value
+
+
+_bool.__name__ = "bool"
+
 _POSITIVE = _number(float, 0.0, True)
 _WEIGHT = _number(float, 0.0, False, what=" (0 leaves that target out)")
 _FRACTION = _number(float, 0.0, False, 1.0, True)
@@ -131,8 +159,10 @@ def parser() -> argparse.ArgumentParser:
                         "from a source you trust")
     g.add_argument("--E0s", default="average",
                    help="'average' (least squares of the training energies on the element "
-                        "counts, as mace-torch), 'foundation' (keep the foundation model's), or "
-                        "a dict such as '{1: -13.6, 6: -1027.6}' (eV)")
+                        "counts, as mace-torch), 'foundation' (keep the foundation model's), "
+                        "'estimated' (the foundation's, corrected by least squares on its energy "
+                        "errors on the training set, as mace-torch), or a dict such as "
+                        "'{1: -13.6, 6: -1027.6}' (eV)")
     g.add_argument("--num_channels", type=_AT_LEAST_ONE, default=8, help="channels of the hidden features")
     g.add_argument("--max_L", type=int, default=0, help="highest L of the hidden features")
     g.add_argument("--max_ell", type=int, default=1, help="highest l of the spherical harmonics")
@@ -157,8 +187,68 @@ def parser() -> argparse.ArgumentParser:
                                                              "devices and ranks")
     g.add_argument("--max_num_epochs", type=_COUNT, default=10, help="epochs in all (a resumed "
                                                                   "run continues up to this)")
-    g.add_argument("--lr", type=_POSITIVE, default=0.01, help="peak learning rate (Adam, cosine "
-                                                          "decay to 5 %% of it)")
+    g.add_argument("--lr", type=_POSITIVE, default=0.01,
+                   help="learning rate (Adam); the peak of --scheduler cosine")
+    g.add_argument("--amsgrad", nargs="?", const=True, type=_bool, default=True,
+                   help="Adam's AMSGrad variant (mace-torch's default, which it cannot turn "
+                        "off); --amsgrad False: plain Adam")
+    g.add_argument("--clip_grad", type=_number(float, 0.0, False), default=10.0,
+                   help="clip the gradient to this global norm before each step, in the "
+                        "units of the loss in eV and Angstrom (0: no clipping)")
+    g.add_argument("--weight_decay", type=_number(float, 0.0, False), default=5e-7,
+                   help="L2 penalty added to the gradient of the interactions' linear and "
+                        "skip weights and of the products, as mace-torch's Adam")
+    g.add_argument("--scheduler", default="cosine",
+                   choices=["cosine", "ReduceLROnPlateau", "ExponentialLR", "constant"],
+                   help="learning-rate schedule: chemtrain's 'cosine' (decay to 5 %% of --lr "
+                        "over the run; mace-torch's default is ReduceLROnPlateau, which keeps "
+                        "--lr constant for runs shorter than --scheduler_patience epochs), "
+                        "'ReduceLROnPlateau' (times --lr_factor after --scheduler_patience "
+                        "epochs without a better validation loss), 'ExponentialLR' (times "
+                        "--lr_scheduler_gamma per epoch) or 'constant'")
+    g.add_argument("--lr_factor", type=_number(float, 0.0, True, 1.0, True), default=0.8,
+                   help="ReduceLROnPlateau's factor")
+    g.add_argument("--scheduler_patience", type=_COUNT, default=50,
+                   help="ReduceLROnPlateau's epochs without improvement")
+    g.add_argument("--lr_scheduler_gamma", type=_number(float, 0.0, True, 1.0, False),
+                   default=0.9993, help="ExponentialLR's factor per epoch")
+    g.add_argument("--patience", type=_AT_LEAST_ONE, default=2048,
+                   help="stop after this many epochs in a row without a better validation loss "
+                        "(the exported model is the best epoch's unless --export_model last)")
+    g.add_argument("--ema", action="store_true",
+                   help="evaluate, keep and export an exponential moving average of the weights")
+    g.add_argument("--ema_decay", type=_number(float, 0.0, False, 1.0, True), default=0.99,
+                   help="decay of --ema per step (warmed up as mace-torch's: min(decay, "
+                        "(1 + n) / (10 + n)) at step n)")
+    g.add_argument("--loss", default="weighted", choices=["weighted", "huber", "universal"],
+                   help="'weighted': squared errors (energy per atom, forces, stress) times "
+                        "their weights; 'huber': Huber's loss with --huber_delta on each; "
+                        "'universal': as 'huber', but the force threshold shrinks for atoms "
+                        "whose reference force exceeds 100, 200, 300 eV/A (mace-torch's)")
+    g.add_argument("--huber_delta", type=_POSITIVE, default=0.01,
+                   help="threshold of 'huber' and 'universal' (eV/atom, eV/A, eV/A^3)")
+    g.add_argument("--swa", "--stage_two", dest="swa", action="store_true",
+                   help="stage two: from epoch --start_swa on, train with --swa_lr and the "
+                        "--swa_*_weight loss weights (mace-torch's, formerly called SWA); the "
+                        "best model is then the best of stage two")
+    g.add_argument("--start_swa", "--start_stage_two", dest="start_swa", type=_COUNT,
+                   default=None, help="first epoch of stage two (default: 3/4 of "
+                                      "--max_num_epochs, as mace-torch)")
+    g.add_argument("--swa_lr", "--stage_two_lr", dest="swa_lr", type=_POSITIVE, default=1e-3,
+                   help="constant learning rate of stage two")
+    g.add_argument("--swa_energy_weight", "--stage_two_energy_weight", dest="swa_energy_weight",
+                   type=_WEIGHT, default=1000.0, help="energy weight of stage two")
+    g.add_argument("--swa_forces_weight", "--stage_two_forces_weight", dest="swa_forces_weight",
+                   type=_WEIGHT, default=100.0, help="forces weight of stage two")
+    g.add_argument("--swa_stress_weight", "--stage_two_stress_weight", dest="swa_stress_weight",
+                   type=_WEIGHT, default=10.0, help="stress weight of stage two (used when "
+                                                    "--stress_weight trains stresses)")
+    g.add_argument("--freeze", type=_frozen, default=None,
+                   help="keep blocks of the model fixed: names such as 'embedding,"
+                        "interactions.0,products.0' (a MACE's blocks: embedding, "
+                        "interactions.<t>, products.<t>, readouts.<t>), or mace-torch's "
+                        "number: >= 1 the embedding, >= 5 also the interactions, >= 6 also "
+                        "the products, >= 7 also the readouts")
     g.add_argument("--seed", type=int, default=0, help="split, initialisation and batch order")
     g.add_argument("--ensemble_size", type=_AT_LEAST_ONE, default=1,
                    help="chemtrain: train a committee of this many models in one vectorised "
@@ -171,6 +261,22 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--default_dtype", default="float32", choices=["float32", "float64"])
     g.add_argument("--parallelism", default="auto", choices=["auto", "single", "jax", "mpi"],
                    help="chemtrain: how the batch is split (see chemtrain.parallel)")
+    g = p.add_argument_group("replay (multi-head) fine-tuning")
+    g.add_argument("--multiheads_finetuning", type=_bool, default=True,
+                   help="with --foundation_model and --pt_train_file: train a second readout "
+                        "head ('Default') on the new data while the foundation's head "
+                        "('pt_head') keeps fitting the replayed pretraining data through the "
+                        "shared layers")
+    g.add_argument("--pt_train_file",
+                   help="the foundation model's (pretraining) data to replay, extxyz or npz")
+    g.add_argument("--weight_pt_head", type=_WEIGHT, default=1.0,
+                   help="loss weight of the replayed structures")
+    g.add_argument("--real_pt_data_ratio_threshold", type=_POSITIVE, default=0.1,
+                   help="repeat the fine-tuning structures when they are fewer than this "
+                        "fraction of the replayed ones")
+    g.add_argument("--force_mh_ft_lr", type=_bool, default=False,
+                   help="keep --lr, --ema and --loss in replay fine-tuning (otherwise, as "
+                        "mace-torch: learning rate 1e-4, EMA 0.99999, the 'universal' loss)")
     g = p.add_argument_group("output")
     g.add_argument("--results_dir", default="runs/finetune",
                    help="metrics.jsonl, parity.png, results.json, checkpoints/, the models")
@@ -180,6 +286,9 @@ def parser() -> argparse.ArgumentParser:
                    help="continue from the last checkpoint in --results_dir")
     g.add_argument("--checkpoint_every", type=_AT_LEAST_ONE, default=5, help="chemtrain: epochs between "
                                                                    "checkpoints")
+    g.add_argument("--export_model", default="best", choices=["best", "last"],
+                   help="chemtrain: write (and test) the model of the epoch with the lowest "
+                        "validation loss, as mace-torch does, or the last epoch's")
     g.add_argument("--no_torch_export", action="store_true",
                    help="chemtrain: do not write the mace-torch .model (needs torch)")
     g.add_argument("--jax_cache", help="chemtrain: folder for JAX's persistent compilation cache")

@@ -21,7 +21,8 @@ from ..neighbors import GRAPH_KEYS, add_graphs
 LENGTH, ENERGY = units.ANGSTROM_TO_NM, units.EV_TO_KJ_PER_MOL
 FORCE = ENERGY / LENGTH
 # what an energy function or the loss may see; anything else a file holds stays out
-KEEP = ("R", "species", "mask", "U", "F", "box", "stress", "stress_weight", *GRAPH_KEYS)
+KEEP = ("R", "species", "mask", "U", "F", "box", "stress", "stress_weight", "head", "head_weight",
+        *GRAPH_KEYS)
 
 
 class DataError(ValueError):
@@ -222,6 +223,34 @@ def fingerprint(d: dict) -> str:
             h.update(k.encode())
             h.update(np.ascontiguousarray(d[k]).tobytes())
     return h.hexdigest()[:16]
+
+
+def concatenate(sets: list) -> dict:
+    """Raw sets one after another, per-atom arrays padded to the largest
+    structure (``mask`` False on padding); a cell, stress or periodicity
+    that only some sets have is zero, unlabelled or derived for the others."""
+    n_atoms = max(s["R"].shape[1] for s in sets)
+    keys = set().union(*(s.keys() for s in sets)) - {"_keys"}
+
+    def part(s, k):
+        n = len(s["R"])
+        if k == "pbc" and k not in s:   # a set without 'pbc' is periodic where it has a cell
+            cell = (s["box"] != 0).any(axis=(1, 2)) if "box" in s else np.zeros(n, bool)
+            return np.repeat(cell[:, None], 3, axis=1)
+        if k not in s:
+            if k == "box" or k == "stress":
+                return np.zeros((n, 3, 3))
+            if k == "stress_weight":
+                return np.zeros(n)
+            raise DataError(f"One data set has {k!r} and another has not; label every set alike.")
+        v = s[k]
+        if k in ("R", "F", "species", "mask") and v.shape[1] < n_atoms:
+            pad = [(0, 0), (0, n_atoms - v.shape[1])] + [(0, 0)] * (v.ndim - 2)
+            v = np.pad(v, pad)
+        return v
+    out = {k: np.concatenate([part(s, k) for s in sets]) for k in keys}
+    out["_keys"] = sets[0].get("_keys", {})
+    return out
 
 
 def take(d: dict, rows) -> dict:

@@ -120,6 +120,9 @@ def set_e0s(cfg, how: str, train: dict, foundation: bool):
         if not foundation:
             raise DataError("--E0s foundation needs --foundation_model.")
         return cfg, "E0s of the foundation model"
+    if how == "estimated":
+        raise DataError("--E0s estimated needs --foundation_model (it corrects the foundation's "
+                        "E0s by its errors on the training set).")
     if how == "average":
         if "U" not in train:
             return cfg, "E0s unchanged (no energies)"
@@ -131,7 +134,8 @@ def set_e0s(cfg, how: str, train: dict, foundation: bool):
     try:
         given = {int(k): float(v) for k, v in ast.literal_eval(how).items()}
     except (ValueError, SyntaxError, AttributeError):
-        raise DataError(f"--E0s must be 'average', 'foundation' or a dict of atomic number -> "
+        raise DataError(f"--E0s must be 'average', 'foundation', 'estimated' or a dict of atomic "
+                        f"number -> "
                         f"energy in eV such as '{{1: -13.6, 6: -1027.6}}', got {how!r}.") from None
     bad = {z: e for z, e in given.items() if not np.isfinite(e)}
     if bad:
@@ -141,6 +145,37 @@ def set_e0s(cfg, how: str, train: dict, foundation: bool):
         raise DataError(f"--E0s lacks the atomic numbers {lacking}.")
     return (dataclasses.replace(cfg, atomic_energies=tuple(given[z] for z in cfg.atomic_numbers)),
             f"E0s given: {json.dumps(given)}")
+
+
+def estimated_e0s(cfg, params, ready: dict, raw: dict):
+    """mace-torch's ``--E0s estimated``: the foundation's E0s plus the least
+    squares correction, on each training structure's element counts, of the
+    foundation model's energy errors (eV); elements absent from the data keep
+    the foundation's E0s. ``ready`` is the training set with graphs (for the
+    predictions), ``raw`` its raw form; returns (cfg, description)."""
+    import jax
+    from ..learn.force_matching import TARGETS, make_predictor
+    from ..models import mace
+    if "U" not in raw:
+        raise DataError("--E0s estimated fits the foundation's energy errors: the training set "
+                        "needs energies.")
+    predict = make_predictor(mace.energy_fn_template(cfg), None)
+    skip = {"R", *TARGETS, "U_weight", "stress_weight", "head_weight"}
+    energy = jax.jit(lambda p, R, kw: predict(p, R, kw)[0]["U"])
+    n, chunk, out = len(ready["R"]), 16, []
+    for i in range(0, n, chunk):
+        rows = {k: v[i:i + chunk] for k, v in ready.items() if k not in skip}
+        out.append(np.asarray(energy(params, ready["R"][i:i + chunk], rows), np.float64))
+    errors = (np.asarray(raw["U"], np.float64) - np.concatenate(out)) / ENERGY
+    present = [z for z in cfg.atomic_numbers if ((raw["species"] == z) & raw["mask"]).any()]
+    counts = np.stack([((raw["species"] == z) & raw["mask"]).sum(1) for z in present], 1)
+    correction, *_ = np.linalg.lstsq(counts.astype(float), errors, rcond=None)
+    fix = dict(zip(present, correction))
+    new = tuple(float(e) + float(fix.get(z, 0.0)) for z, e in
+                zip(cfg.atomic_numbers, cfg.atomic_energies))
+    return (dataclasses.replace(cfg, atomic_energies=new),
+            "E0s 'estimated': the foundation's, corrected by least squares on its energy errors "
+            f"on the training set ({', '.join(f'{z}: {c:+.4g} eV' for z, c in fix.items())})")
 
 
 def gammas(args) -> dict:
@@ -181,15 +216,34 @@ def committee_params(cfg, params, args, dtype) -> list:
             for k in range(args.ensemble_size)]
 
 
-def write_models(out: str, args, cfg, trainer) -> dict:
-    """Write the trained model (``<name>.npz`` and, unless
-    ``--no_torch_export``, ``<name>.model``), or a committee's members as
-    ``<name>_member<k>``; return the paths for ``results.json``
-    (``model_npz``/``model_torch``, a committee's as lists
+def exported_epoch(trainer, which: str) -> int | None:
+    """The epoch whose model ``--export_model`` writes, numbered as in the
+    log and ``metrics.jsonl`` (from 0); None before any epoch."""
+    if not trainer.history:
+        return None
+    return trainer.epoch - 1 - (trainer.epochs_since_best() if which == "best" else 0)
+
+
+def final_params(trainer, which: str):
+    """(parameters, note) of ``--export_model``: the best epoch's (the moving
+    average with ``--ema``), or the last epoch's (likewise)."""
+    if which == "best" and trainer.history:
+        since = trainer.epochs_since_best()
+        return trainer.best_params, (f", best: epoch {exported_epoch(trainer, which)}"
+                                     if since else "")
+    return trainer.strategy.to_host(trainer.eval_params), ""
+
+
+def write_models(out: str, args, cfg, trainer, params) -> dict:
+    """Write the trained model ``params`` (``<name>.npz`` and, unless
+    ``--no_torch_export``, ``<name>.model``), or a committee's members (the
+    stacked ``params``) as ``<name>_member<k>``; return the paths for
+    ``results.json`` (``model_npz``/``model_torch``, a committee's as lists
     ``members_npz``/``members_torch``)."""
+    from ..learn.ensemble import member_params
     from ..models import mace
     one = getattr(trainer, "n_members", None) is None
-    members = [trainer.params] if one else [trainer.member(k) for k in range(trainer.n_members)]
+    members = [params] if one else [member_params(params, k) for k in range(trainer.n_members)]
     names = [args.name] if one else [f"{args.name}_member{k}" for k in range(len(members))]
     npz, torch = [], []
     for name, params in zip(names, members):

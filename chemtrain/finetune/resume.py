@@ -13,6 +13,7 @@ import os
 
 from . import data as D
 from . import model as M
+from . import training as T
 from ..checkpoint import why_not_writable
 from ..parallel.failures import is_raised_everywhere, raised_everywhere
 from .data import DataError
@@ -64,7 +65,15 @@ def setup_record(args, sets: dict, rows: dict, model_flags: bool) -> dict:
     if model_flags:
         out.update({f"--{k}": getattr(args, k) for k in M.SIZE_FLAGS})
     out.update({"--ensemble_size": args.ensemble_size,
-                "--ensemble_bootstrap": args.ensemble_bootstrap})
+                "--ensemble_bootstrap": args.ensemble_bootstrap,
+                # what the optimizer's state holds: a resumed run must have the same
+                "--ema": args.ema, "--freeze": args.freeze,
+                "--scheduler ReduceLROnPlateau": args.scheduler == "ReduceLROnPlateau",
+                "--pt_train_file (replay)": path(args.pt_train_file) if args.multiheads_finetuning
+                and args.foundation_model else None,
+                "--swa (first epoch of stage two)": T.stage_two_start(args),
+                "--amsgrad": args.amsgrad, "--clip_grad": args.clip_grad,
+                "--weight_decay": args.weight_decay})
     return out
 
 
@@ -72,8 +81,12 @@ def check_resumed(setup: dict, record: str) -> None:
     if not os.path.exists(record):
         return  # a run from before setup records: nothing to compare with
     with open(record) as f:
-        # records of runs from before committees: one model
-        then = {"--ensemble_size": 1, "--ensemble_bootstrap": False, **json.load(f)}
+        # records of runs from before committees and EMA: one model, no average
+        then = {"--ensemble_size": 1, "--ensemble_bootstrap": False, "--ema": False,
+                "--freeze": None, "--scheduler ReduceLROnPlateau": False,
+                "--pt_train_file (replay)": None, "--swa (first epoch of stage two)": None,
+                # plain Adam before mace-torch's optimizer was the default
+                "--amsgrad": False, "--clip_grad": 0.0, "--weight_decay": 0.0, **json.load(f)}
     changed = [f"{k} (then {then[k]!r}, now {v!r})" if k.startswith("--") else k
                for k, v in setup.items() if k in then and then[k] != v]
     if changed:

@@ -305,13 +305,14 @@ class ForceMatching(HoldsState):
         return self.functions.finish(host, self.gammas)
 
     @collective
-    def predict(self, dataset: Mapping | None) -> dict:
+    def predict(self, dataset: Mapping | None, params=None) -> dict:
         """Energies ``U`` (n,) and forces ``F`` (n, atoms, 3) of ``dataset`` as
         numpy, on every process (under MPI only rank 0's dataset is read),
-        by :attr:`eval_params`."""
+        by :attr:`eval_params` or the given ``params`` (e.g. ``best_params``)."""
+        params = self.eval_params if params is None else self.strategy.replicate(params)
         loader = self.data.in_memory(dataset, "dataset", shuffle=False, drop_last=False,
                                      required=("R",))
-        out = [self.strategy.to_host(self.functions.predict(self.eval_params, batch), sharded=True)
+        out = [self.strategy.to_host(self.functions.predict(params, batch), sharded=True)
                for batch in self._batches(loader)]
         return {k: np.concatenate([o[k] for o in out])[:loader.n] for k in out[0]}
 
