@@ -41,7 +41,8 @@ templates_path = ["_templates"]
 #: the public packages and modules of the API reference, with a line on each
 API = {
     "chemtrain.trainers": "Trainers: force matching, DiffTRe, relative entropy, fused training.",
-    "chemtrain.learn": "Pure functions: the reweighting objectives, state points, step sizes.",
+    "chemtrain.learn": "Pure functions: losses and optimizer pieces for force matching, the "
+                       "reweighting objectives, state points, step sizes.",
     "chemtrain.models": "Energy templates: pair potentials, priors, freezing.",
     "chemtrain.models.mace": "MACE: the model, its parameters, mace-torch files.",
     "chemtrain.data": "Datasets in memory and in HDF5 files.",
@@ -97,7 +98,12 @@ MACE_TORCH_FLAGS = {
     "stress_key", "foundation_model", "E0s", "energy_weight", "forces_weight", "stress_weight",
     "num_channels", "max_L", "max_ell", "correlation", "r_max", "num_interactions",
     "num_radial_basis", "num_cutoff_basis", "radial_MLP", "MLP_irreps", "batch_size",
-    "max_num_epochs", "lr", "seed", "default_dtype", "results_dir", "restart_latest", "name"}
+    "max_num_epochs", "lr", "seed", "default_dtype", "results_dir", "restart_latest", "name",
+    "scheduler", "lr_factor", "scheduler_patience", "lr_scheduler_gamma", "patience", "ema",
+    "ema_decay", "loss", "huber_delta", "freeze", "multiheads_finetuning", "pt_train_file",
+    "weight_pt_head", "real_pt_data_ratio_threshold", "force_mh_ft_lr", "swa", "start_swa",
+    "swa_lr", "swa_energy_weight", "swa_forces_weight", "swa_stress_weight", "amsgrad",
+    "clip_grad", "weight_decay"}
 
 
 def _write_flag_table():
