@@ -183,7 +183,7 @@ def test_stage_two_resumed_at_its_start_equals_one_run(runs, tmp_path):
     _, a = load(straight["model_npz"])
     _, b = load(resumed["model_npz"])
     assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-    plain = run(["--results_dir", str(tmp_path / "plain"), "--train_file", runs["train"],
+    run(["--results_dir", str(tmp_path / "plain"), "--train_file", runs["train"],
                  "--max_num_epochs", "2", *SPLIT, *TINY])
     lines = lambda d: [json.loads(x) for x in open(os.path.join(d, "metrics.jsonl"))]  # noqa
     two, one = lines(str(tmp_path / "straight")), lines(str(tmp_path / "plain"))
