@@ -81,9 +81,9 @@ def run(argv=None) -> dict:
     """
     args = parse_args(argv)
     size_flags = given(argv, M.SIZE_FLAGS)
-    T.check_flags(args, argv)
     P.check_flags(args, argv)
     replay_note = P.mace_torch_settings(args, argv) if P.active(args) else None
+    T.check_flags(args, argv)   # after replay's settings (its 'universal' loss takes a delta)
     import jax
     if args.default_dtype == "float64":
         jax.config.update("jax_enable_x64", True)
@@ -91,6 +91,7 @@ def run(argv=None) -> dict:
         jax.config.update("jax_compilation_cache_dir", args.jax_cache)
     import jax.numpy as jnp
     from ..models import mace
+    from ..learn import optimizers
     from ..trainers import EnsembleOfModels, ForceMatching
     dtype = np.float64 if args.default_dtype == "float64" else np.float32
     out = args.results_dir
@@ -227,8 +228,12 @@ def run(argv=None) -> dict:
         g2 = {t: w * u_factor if t == "U" else w for t, w in M.gammas(two).items()}
         trainer = build(T.optimizer(two, params, n_train // args.batch_size)[0], g2)
         restore(trainer, [checkpoint])
-        if trainer.epoch == start_two:   # the loss weights change: so does the best loss
-            trainer.state = trainer.state.replace(best_loss=math.inf)
+        if trainer.epoch == start_two:
+            # the loss weights change: so does the scale of the best loss, and a
+            # plateau schedule starts afresh at --swa_lr
+            host = optimizers.reset_plateau(trainer.strategy.to_host(trainer.opt_state))
+            trainer.state = trainer.state.replace(best_loss=math.inf,
+                                                  opt_state=trainer.strategy.replicate(host))
         return trainer
 
     start_two = T.stage_two_start(args)

@@ -39,6 +39,10 @@ def check_flags(args, argv) -> None:
         raise DataError(f"Contradicting flags: stage two would start at epoch {start}, but "
                         f"--max_num_epochs {args.max_num_epochs} ends the run before it; give a "
                         f"smaller --start_swa or more epochs.")
+    if args.swa and "patience" in given(argv, ("patience",)):
+        raise DataError("Contradicting flags: --patience with --swa is not supported: an early "
+                        "stop in stage one would end the run before stage two (mace-torch "
+                        "jumps to stage two instead). Drop --patience, or --swa.")
     if args.swa and args.stress_weight == 0 and "swa_stress_weight" in set_:
         raise DataError("Contradicting flags: --swa_stress_weight weights stresses in stage two, "
                         "but --stress_weight 0 leaves them out of training.")

@@ -82,11 +82,14 @@ def ema(optimizer: optax.GradientTransformation, decay: float = 0.99,
         updates, inner = optimizer.update(updates, state.inner, params)
         new = optax.apply_updates(params, updates)
         n = state.count + 1
-        d = jnp.asarray(decay, jnp.float32)
-        if warmup:
-            d = jnp.minimum(d, (1.0 + n) / (10.0 + n))
-        avg = jax.tree.map(lambda a, p: a - (1.0 - d).astype(a.dtype) * (a - p), state.params, new)
-        return updates, EmaState(inner, n, avg)
+
+        def step(a, p):   # the decay in each leaf's precision (float64 leaves: 1 - 0.99999 exact)
+            d = jnp.asarray(decay, a.dtype)
+            if warmup:
+                m = n.astype(a.dtype)
+                d = jnp.minimum(d, (1 + m) / (10 + m))
+            return a - (1 - d) * (a - p)
+        return updates, EmaState(inner, n, jax.tree.map(step, state.params, new))
 
     return optax.GradientTransformation(init, update)
 
@@ -137,6 +140,23 @@ def reduce_on_plateau(optimizer: optax.GradientTransformation, factor: float = 0
         return updates, (inner, plateau)
 
     return optax.GradientTransformation(init, update)
+
+
+def reset_plateau(opt_state):
+    """``opt_state`` with every :func:`reduce_on_plateau` state back at its
+    start (factor 1, no best, no bad epochs; its settings kept): for a new
+    stage of training whose losses are on another scale. Host values in,
+    host values out."""
+    def reset(node):
+        if isinstance(node, EmaState):
+            return node._replace(inner=reset_plateau(node.inner))
+        if not isinstance(node, PlateauState):
+            return node
+        fill = lambda old, v: np.full(np.shape(old), v, np.asarray(old).dtype)  # noqa: E731
+        return node._replace(scale=fill(node.scale, 1.0),
+                             best=fill(node.best, np.finfo(np.float32).max),
+                             bad_epochs=fill(node.bad_epochs, 0))
+    return jax.tree.map(reset, opt_state, is_leaf=_is_node)
 
 
 def _is_node(x):

@@ -153,8 +153,11 @@ class ForceMatching(HoldsState):
 
     def epochs_since_best(self) -> int:
         """Epochs trained since the monitored loss was lowest (0 when the
-        last epoch was the best; the epoch count before any improvement)."""
+        last epoch was the best, and while there is no best loss: before the
+        first epoch, or after ``best_loss`` was reset to inf)."""
         losses = self.state.val_losses or self.state.train_losses
+        if not np.isfinite(self.state.best_loss):   # no best yet (or reset, as a new stage)
+            return 0
         # the first epoch with the best loss set it (a later equal one is no improvement)
         at = [i for i, v in enumerate(losses) if v == self.state.best_loss]
         return len(losses) - 1 - at[0] if at else len(losses)
@@ -294,7 +297,8 @@ class ForceMatching(HoldsState):
     def evaluate(self, stage: str = "validation", params=None) -> dict:
         """MAE and RMSE per target (kJ/mol, kJ/mol/nm) and the mean
         per-structure loss of a stage, exact whatever the padding."""
-        total, params = None, self.eval_params if params is None else params
+        total = None
+        params = self.eval_params if params is None else self.strategy.replicate(params)
         for batch in self._batches(self.data[stage]):
             total = add_trees(total, self.functions.sums(params, batch))
         host = jax.tree.map(lambda x: np.asarray(x, np.float64), self.strategy.to_host(total))

@@ -100,6 +100,8 @@ def run_error(argv, capsys):
     (["--swa_lr", "0.001"], "--swa_lr belongs to stage two; add --swa"),
     (["--swa", "--start_swa", "5", "--max_num_epochs", "5"],
      "stage two would start at epoch 5, but --max_num_epochs 5 ends the run before it"),
+    (["--swa", "--max_num_epochs", "8", "--patience", "2"],
+     "--patience with --swa is not supported"),
 ])
 def test_contradicting_flags(runs, extra, expected, capsys, tmp_path):
     out = tmp_path / "out"
@@ -191,3 +193,17 @@ def test_stage_two_resumed_at_its_start_equals_one_run(runs, tmp_path):
     assert two[1]["train_loss"] > 10 * one[1]["train_loss"]      # weights 1000/100 instead of 1/1
     # the exported model is stage two's best: its validation loss is of stage two's weights
     assert straight["exported_epoch"] == 1
+
+
+def test_replay_takes_a_huber_delta_for_its_universal_loss():
+    """Replay switches to the 'universal' loss before the flags are checked,
+    so --huber_delta is not refused as belonging to another loss."""
+    from chemtrain.finetune import replay as P, training as T
+    from chemtrain.finetune.cli import parse_args
+    argv = ["--train_file", "b.xyz", "--foundation_model", "f.npz", "--pt_train_file", "a.xyz",
+            "--E0s", "foundation", "--huber_delta", "0.02"]
+    args = parse_args(argv)
+    P.check_flags(args, argv)
+    P.mace_torch_settings(args, argv)
+    T.check_flags(args, argv)
+    assert (args.loss, args.huber_delta, args.lr, args.ema) == ("universal", 0.02, 1e-4, True)

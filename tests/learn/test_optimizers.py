@@ -102,3 +102,17 @@ def test_plateau_of_stacked_members_is_per_member():
     scale = jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, optimizers.PlateauState))
     node = [x for x in scale if isinstance(x, optimizers.PlateauState)][0]
     np.testing.assert_array_equal(np.asarray(node.scale), [0.5, 0.5, 0.5])
+
+
+def test_reset_plateau_starts_afresh_and_keeps_the_settings():
+    opt = optimizers.ema(optimizers.reduce_on_plateau(optax.sgd(1.0), factor=0.5, patience=0))
+    state = opt.init({"w": jnp.ones(2)})
+    for v in (1.0, 2.0, 3.0):
+        state = optimizers.observe(state, v)
+    assert optimizers.update_scale(state) == 0.25
+    state = optimizers.reset_plateau(jax.tree.map(np.asarray, state))
+    assert optimizers.update_scale(state) == 1.0
+    state = optimizers.observe(state, 100.0)      # any finite loss is a first best again
+    assert optimizers.update_scale(state) == 1.0
+    state = optimizers.observe(state, 200.0)
+    assert optimizers.update_scale(state) == 0.5  # factor and patience kept

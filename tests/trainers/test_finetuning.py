@@ -66,6 +66,11 @@ def test_early_stopping_counts_across_a_restore(tmp_path):
     assert again.stopped_early and again.epoch == 3
     with pytest.raises(ValueError, match="patience must be a whole number of epochs >= 1"):
         again.train(1, patience=0)
+    # a best loss reset to inf (a new stage of training) counts afresh: it trains
+    again.state = again.state.replace(best_loss=float("inf"))
+    assert again.epochs_since_best() == 0
+    again.train(1, patience=2)
+    assert again.epoch == 4 and not again.stopped_early
 
 
 def test_ema_is_what_is_evaluated_and_kept_as_best(tmp_path):
