@@ -155,10 +155,12 @@ class ForceMatching(HoldsState):
         """Epochs trained since the monitored loss was lowest (0 when the
         last epoch was the best, and while there is no best loss: before the
         first epoch, or after ``best_loss`` was reset to inf)."""
-        losses = self.state.val_losses or self.state.train_losses
         if not np.isfinite(self.state.best_loss):   # no best yet (or reset, as a new stage)
             return 0
-        # the first epoch with the best loss set it (a later equal one is no improvement)
+        if self.state.best_epoch >= 0:
+            return self.state.epoch - 1 - self.state.best_epoch
+        # a checkpoint of an older version: the first epoch with the best loss set it
+        losses = self.state.val_losses or self.state.train_losses
         at = [i for i, v in enumerate(losses) if v == self.state.best_loss]
         return len(losses) - 1 - at[0] if at else len(losses)
 
@@ -242,7 +244,7 @@ class ForceMatching(HoldsState):
                                              for m in val["members"]]
             text = f"epoch {epoch}: " + self.epoch_line(record)
             if monitored < self.state.best_loss:
-                done.update(best_loss=monitored,
+                done.update(best_loss=monitored, best_epoch=epoch,
                             best_params=self.strategy.to_host(self.eval_params))
             if optimizers.has_plateau(self.state.opt_state):
                 host = optimizers.observe(self.strategy.to_host(self.state.opt_state), monitored)

@@ -158,10 +158,13 @@ class FMState(TrainerState):
         validation set).
       history: one record per epoch, as written to the trainer's
         ``log_file``.
+      best_epoch: the epoch (from 0) whose parameters are ``best_params``;
+        -1 before the first epoch and in checkpoints of older versions.
     """
 
     TREES: ClassVar[tuple[str, ...]] = ("params", "opt_state", "best_params")
     LOGS: ClassVar[tuple[str, ...]] = ("train_losses", "val_losses", "history")
+    ADDED: ClassVar[dict] = {"best_epoch": lambda: -1}   # absent from older checkpoints
 
     params: Any
     opt_state: Any
@@ -173,6 +176,7 @@ class FMState(TrainerState):
     train_losses: list = dataclasses.field(default_factory=list)
     val_losses: list = dataclasses.field(default_factory=list)
     history: list = dataclasses.field(default_factory=list)
+    best_epoch: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
