@@ -56,7 +56,8 @@ def test_state_is_a_frozen_pytree_of_its_arrays():
     trees, plain = s.split()
     assert set(trees) == {"params", "opt_state", "best_params"}
     assert plain == {"epoch": 3, "step": 0, "seed": 0, "best_loss": float("inf"),
-                     "train_losses": [], "val_losses": [], "history": [{"loss": 1.5}]}
+                     "train_losses": [], "val_losses": [], "history": [{"loss": 1.5}],
+                     "best_epoch": -1}
     assert _equal(FMState.join(trees, plain), s)
     with pytest.raises(TypeError, match="history must be plain data"):
         s.replace(history=[object()]).split()
