@@ -111,8 +111,10 @@ def test_force_matching_checkpoint_of_7ca1dec_restores_and_continues(tmp_path):
     old.save_checkpoint(resaved)
     meta2, leaves2 = ckpt.load(resaved)
     assert meta2["state_version"] == 2
-    assert {k: v for k, v in meta2.items() if k not in ("state_version", "run_id")} == \
+    assert {k: v for k, v in meta2.items() if k not in ("state_version", "run_id",
+                                                         "best_epoch")} == \
         {k: v for k, v in meta.items() if k != "run_id"}
+    assert meta2["best_epoch"] == -1   # not in the old file: unknown (derived from the losses)
     assert leaves2.keys() == leaves.keys()
 
     new = _fm(tmp_path, "b")
