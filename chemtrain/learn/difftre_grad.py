@@ -41,6 +41,12 @@ def make_value_and_grad(energy_fn_template: Callable, quantities: Mapping, targe
                                                require_values=False)
     dependent = reweight.unfixed(quantities, fixed)
     one = reweight.snapshot_fn(energy_fn_template, dependent)
+    batched = getattr(energy_fn_template, "batched", None)
+    if batched is not None and not dependent:
+        # only the energies depend on the parameters: each chunk's energies
+        # from the template's batched evaluation (one disjoint graph for
+        # MACE) instead of a vmap of one snapshot's
+        one = _batched_energies(batched)
     evaluate = reweight.make_snapshot_evaluator(energy_fn_template, dependent, vmap_batch)
     head = reweight.make_statepoint_head(targets, observables, loss_fn, fixed)
 
@@ -79,6 +85,8 @@ def _chunked_vjp(one, params, nbrs0, snapshots, cotangents, state_kwargs, chunk)
         snaps, (gU, gq) = block
 
         def values(p):
+            if isinstance(one, _batched_energies):
+                return one(p, nbrs0, snaps, state_kwargs), {}
             U, q, _ = jax.vmap(lambda s: one(p, nbrs0, s, state_kwargs))(snaps)
             return U, q
         _, vjp = jax.vjp(values, params)
@@ -94,3 +102,23 @@ def _pad_edge(x, pad, n_chunks, chunk):
     if pad:
         x = jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)])
     return x.reshape(n_chunks, chunk, *x.shape[1:])
+
+
+class _batched_energies:
+    """``(params, nbrs0, snapshots, state_kwargs) -> U`` of a chunk of
+    snapshots through an energy template's ``batched`` energies: the
+    neighbor list updated to each snapshot, the energy keyword arguments
+    given a leading snapshot axis."""
+
+    def __init__(self, batched):
+        self.batched = batched
+
+    def __call__(self, params, nbrs0, snaps, state_kwargs):
+        from ..ensemble import box_kwargs, energy_kwargs
+        n = snaps.position.shape[0]
+        nbrs = jax.vmap(lambda s: nbrs0.update(s.position, **box_kwargs(s)))(snaps)
+        fixed = energy_kwargs(jax.tree.map(lambda x: x[0], snaps), state_kwargs)
+        per = jax.vmap(lambda s: energy_kwargs(s, {}))(snaps)
+        kwargs = {k: jnp.broadcast_to(v, (n, *jnp.shape(v))) for k, v in fixed.items()
+                  if k not in per}
+        return self.batched(params)(snaps.position, nbrs, **kwargs, **per)

@@ -120,10 +120,45 @@ def make_predictor(energy_fn_template: Callable, nbrs_init, vary: Callable = lam
         sigma = jnp.where(has, dS / jnp.where(has, V, 1.0), 0.0)
         return {"U": U, "F": -dU, "stress": sigma, "has_stress": has}, error
 
+    batched = getattr(energy_fn_template, "batched", None)
+
+    def whole_batch(params, R, kwargs, strain0):
+        # the template's batched energies on graphs: every structure's energy
+        # depends on its own positions and strain only, so the gradient of
+        # their sum holds each structure's forces and strain derivative
+        graphs = graph_from(kwargs)
+        kwargs = {k: v for k, v in kwargs.items() if k not in GRAPH_KEYS}
+        if "mask" in kwargs:
+            graphs = jax.vmap(mask_graph)(graphs, kwargs["mask"])
+        energies = batched(params)
+        error = jnp.zeros((R.shape[0],), bool)
+        if strain0 is None:
+            def total(r):
+                U = energies(r, graphs, **kwargs)
+                return jnp.sum(U), U
+            (_, U), dU = jax.value_and_grad(total, has_aux=True)(R)
+            return {"U": U, "F": -dU}, error
+        if "box" not in kwargs:
+            raise ValueError("A stress target needs each structure's cell: add 'box' (structures, "
+                             "3, 3) to the data (zeros for structures without a cell).")
+
+        def total_strained(r, strain):
+            strain = 0.5 * (strain + jnp.swapaxes(strain, 1, 2))
+            U = energies(r, graphs, perturbation=jnp.eye(3, dtype=r.dtype) + strain, **kwargs)
+            return jnp.sum(U), U
+        (_, U), (dU, dS) = jax.value_and_grad(total_strained, argnums=(0, 1), has_aux=True)(
+            R, strain0)
+        V = jax.vmap(volume)(kwargs["box"]).astype(R.dtype)
+        has = V > 0
+        sigma = jnp.where(has[:, None, None], dS / jnp.where(has, V, 1.0)[:, None, None], 0.0)
+        return {"U": U, "F": -dU, "stress": sigma, "has_stress": has}, error
+
     def predict(params, R, kwargs, stress=False):
         # the zero strain is per-shard data: a replicated one would have its
         # derivative summed over the shards by shard_map's transpose
         strain0 = vary(jnp.zeros((R.shape[0], 3, 3), R.dtype)) if stress else None
+        if batched is not None and all(k in kwargs for k in GRAPH_KEYS):
+            return whole_batch(params, R, kwargs, strain0)
         return jax.vmap(one, in_axes=(None, None, 0, 0, 0))(params, vary(nbrs_init), R, kwargs,
                                                            strain0)
 

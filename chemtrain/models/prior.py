@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping
 
+import jax
 import jax.numpy as jnp
 
 from .pair import displacement_kwargs, pair_energy
@@ -95,8 +96,9 @@ def sum_templates(templates: Mapping[str, Callable]) -> EnergyTemplate:
       ``{name: that part's parameters}``. It keeps shard_map's varying-axis check
       (``check_vma``) only if every part can, checks datasets with every part's
       ``validate_dataset``, reaches as far as the part of largest ``cutoff``,
-      and is ``periodic=False`` if any part is built on free space (None
-      otherwise). Calling it raises ``ValueError`` if the parameters are not a
+      is ``periodic=False`` if any part is built on free space (None
+      otherwise), and has ``batched`` energies if any part has them (the
+      other parts are vmapped). Calling it raises ``ValueError`` if the parameters are not a
       dict with an entry for every part, and ``TypeError`` if a part's template
       does not return a callable; the energy function raises ``ValueError`` if
       a part returns an energy that is not a scalar (per-particle energies).
@@ -147,6 +149,18 @@ def sum_templates(templates: Mapping[str, Callable]) -> EnergyTemplate:
             return total
         return energy_fn
 
+    def batched(params):
+        # each part's own batched energies where it has them, a vmap over
+        # every argument (all carry the leading structure axis) otherwise
+        fns = {name: (t.batched(params[name]) if t.batched is not None
+                      else jax.vmap(lambda R, nb, kw, e=t(params[name]): e(R, neighbor=nb, **kw)))
+               for name, t in parts.items()}
+
+        def energies(positions, neighbor=None, **kwargs):
+            return sum(f(positions, neighbor, **kwargs) if parts[name].batched is not None
+                       else f(positions, neighbor, kwargs) for name, f in fns.items())
+        return energies
+
     checks = [t.validate_dataset for t in parts.values() if t.validate_dataset is not None]
 
     def validate(data):
@@ -157,4 +171,6 @@ def sum_templates(templates: Mapping[str, Callable]) -> EnergyTemplate:
                           validate_dataset=validate if checks else None,
                           cutoff=max(cutoffs) if cutoffs else None,
                           periodic=False if any(t.periodic is False for t in parts.values())
+                          else None,
+                          batched=batched if any(t.batched is not None for t in parts.values())
                           else None)

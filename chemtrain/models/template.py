@@ -35,12 +35,21 @@ class EnergyTemplate:
       periodic: False for a model built on free space (``space.free()``),
         which trainers refuse in a periodic simulation; True for one known to
         be built on a periodic displacement function; None: unknown.
+      batched: optional ``params -> energies(positions, graphs, **kwargs)``
+        for a batch of structures on precomputed graphs: positions (B, N, 3),
+        a :class:`~chemtrain.neighbors.Graph` of (B, E) arrays and every
+        keyword with the leading axis B; returns (B,) energies, each what
+        ``fn(params)`` gives for that structure. Force matching uses it
+        instead of a ``jax.vmap`` of ``fn(params)`` when the data carry
+        graphs (MACE's evaluates the batch as one disjoint graph, as
+        mace-torch does). None: the vmap.
     """
     fn: Callable
     check_vma: bool = True
     validate_dataset: Callable[[Mapping], None] | None = None
     cutoff: float | None = None
     periodic: bool | None = None
+    batched: Callable | None = None
 
     def __call__(self, params):
         """Build the energy function for ``params``.

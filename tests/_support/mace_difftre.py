@@ -34,13 +34,9 @@ def spread_positions(n, min_distance, seed=0):
     return np.array(out)
 
 
-def mace_trainer(folder, kTs=(2.5,), species=8, dtype=jnp.float64, **options):
-    """(DifftreParallel, initial parameters): one state point per ``kTs``,
-    an RDF target (through the weights) and a potential-energy target (an
-    energy-dependent quantity), every atom of atomic number ``species``
-    (None: no species given). ``dtype`` of the parameters: float64 needs
-    jax_enable_x64 on, float32 runs with it off."""
-    displacement, shift = space.periodic(BOX)
+def mace_model(dtype=jnp.float64):
+    """(template, parameters): a 4-channel MACE plus a repulsive prior."""
+    displacement, _ = space.periodic(BOX)
     cfg = random_config((8,), avg_num_neighbors=6.0, scale=0.05, num_channels=4, max_L=0,
                         max_ell=1, correlation=2, r_max=10 * R_MAX, num_interactions=1,
                         radial_MLP=(8,))
@@ -48,8 +44,24 @@ def mace_trainer(folder, kTs=(2.5,), species=8, dtype=jnp.float64, **options):
                               "mace": cm.energy_fn_template(cfg, displacement)})
     params = {"prior": {"sigma": jnp.asarray(0.3, dtype), "epsilon": jnp.asarray(1.0, dtype)},
               "mace": cm.init_params(cfg, jax.random.PRNGKey(0), dtype)}
+    return template, params
+
+
+def rdf():
+    """The RDF quantity of the trainer's target (20 bins up to R_MAX)."""
+    displacement, _ = space.periodic(BOX)
+    return quantity.rdf(displacement, quantity.rdf_discretization(R_MAX, 20, 0.1), box=BOX)
+
+
+def mace_trainer(folder, kTs=(2.5,), species=8, dtype=jnp.float64, **options):
+    """(DifftreParallel, initial parameters): one state point per ``kTs``,
+    an RDF target (through the weights) and a potential-energy target (an
+    energy-dependent quantity), every atom of atomic number ``species``
+    (None: no species given). ``dtype`` of the parameters: float64 needs
+    jax_enable_x64 on, float32 runs with it off."""
+    displacement, shift = space.periodic(BOX)
+    template, params = mace_model(dtype)
     n = len(kTs)
-    rdf_bins = quantity.rdf_discretization(R_MAX, 20, 0.1)
     trainer = DifftreParallel(
         0, params, options.pop("optimizer", optax.sgd(1e-3)), template,
         functools.partial(simulate.nvt_langevin, shift_fn=shift, dt=0.002, kT=kTs[0], gamma=5.0),
@@ -57,7 +69,7 @@ def mace_trainer(folder, kTs=(2.5,), species=8, dtype=jnp.float64, **options):
         process_printouts(0.002, 0.6, 0.2, 0.02),
         {"kT": np.asarray(kTs, float), "mass": np.full(n, 18.0),
          **({} if species is None else {"species": np.full((n, 16), species)})},
-        {"rdf": quantity.rdf(displacement, rdf_bins, box=BOX),
+        {"rdf": rdf(),
          "energy": quantity.potential_energy()},
         {"rdf": {"target": np.ones((n, 20)), "gamma": 1.0},
          "energy": {"target": np.full(n, -5.0), "gamma": 0.01}},

@@ -253,4 +253,68 @@ def energy_fn_template(cfg: MaceConfig, displacement_fn: Callable | None = None,
         check_cells(cfg, data)
 
     return EnergyTemplate(template, check_vma=CHECK_VMA, validate_dataset=validate,
-                          cutoff=cfg.r_max / LENGTH_TO_ANGSTROM, periodic=periodic(displacement_fn))
+                          cutoff=cfg.r_max / LENGTH_TO_ANGSTROM, periodic=periodic(displacement_fn),
+                          batched=batched_template(cfg, displacement_fn, method))
+
+
+def batched_template(cfg: MaceConfig, displacement_fn: Callable | None = None,
+                     method: str | None = None) -> Callable:
+    """``params -> energies(positions, neighbor, species=..., mask=..., head=...,
+    box=..., perturbation=...)``: the energies of a batch of structures,
+    evaluated as one graph with no edges between the structures (as
+    mace-torch batches), not as a ``jax.vmap`` of the single-structure
+    energy function.
+
+    Every argument carries a leading structure axis B: positions (B, N, 3) in
+    nm, ``neighbor`` a :class:`~chemtrain.neighbors.Graph` of (B, E) arrays
+    or a jax-md neighbor list with a leading axis B (one list per structure,
+    e.g. ``jax.vmap(nbrs.update)(positions)``; needs ``displacement_fn``),
+    species and mask (B, N), head (B,), box and perturbation (B, ...) in any
+    form :func:`~chemtrain.neighbors.edge_vectors` takes per structure. The
+    result is (B,) energies in kJ/mol, each equal to what the
+    single-structure energy function of :func:`energy_fn_template` gives for
+    that structure (NaN for a structure with an unknown element or a head out
+    of range). Trainers use it through :attr:`EnergyTemplate.batched
+    <chemtrain.models.EnergyTemplate.batched>`: a vmap over structures runs
+    the radial MLP's second backward pass about 2.5 times slower on CPU
+    (``benchmarks/profile_main_job.py --mlp``).
+    """
+
+    def template(params):
+        def energies(positions, neighbor, species=None, mask=None, head=None, box=None,
+                     perturbation=None, **kwargs):
+            from jax_md import partition
+            if species is None:
+                raise ValueError("The MACE energy function needs species= (atomic numbers per atom).")
+            if getattr(neighbor, "format", None) is partition.NeighborListFormat.OrderedSparse:
+                raise ValueError("MACE needs both directions of each pair: use a jax-md "
+                                 "neighbor list in Sparse or Dense format, not OrderedSparse.")
+            b, n = positions.shape[:2]
+            element = species_to_elements(cfg, species)
+            node_mask = jnp.ones((b, n), bool) if mask is None else jnp.asarray(mask).astype(bool)
+            in_axes = (0, 0, None if box is None else 0, None if perturbation is None else 0)
+            s, r, vec, real = jax.vmap(lambda R, g, bx, pt: edge_vectors(
+                displacement_fn, R, g, box=bx, perturbation=pt), in_axes=in_axes)(
+                    positions, neighbor, box, perturbation)
+            take = jax.vmap(lambda m, i: m[i])
+            real = real & take(node_mask, s) & take(node_mask, r)
+            offset = (jnp.arange(b) * n)[:, None]
+            if head is None:
+                hd, bad_head = None, jnp.zeros((b,), bool)
+            else:
+                h = jnp.asarray(head)
+                if h.shape != (b,) or not jnp.issubdtype(h.dtype, jnp.integer):
+                    raise ValueError(f"head must hold one integer head index per structure, shape "
+                                     f"({b},), got {h.dtype} of shape {h.shape}.")
+                hd = jnp.repeat(h, n)
+                bad_head = (h < 0) | (h >= cfg.num_heads)
+            e = node_energies(params, cfg, (vec * LENGTH_TO_ANGSTROM).reshape(-1, 3),
+                              senders=(s + offset).reshape(-1), receivers=(r + offset).reshape(-1),
+                              edge_mask=real.reshape(-1),
+                              element=jnp.maximum(element, 0).reshape(-1),
+                              node_mask=node_mask.reshape(-1), method=method, head=hd)
+            energy = jnp.sum(e.reshape(b, n), axis=1) * ENERGY_TO_KJ_PER_MOL
+            unknown = jnp.any(node_mask & (element < 0), axis=1) | bad_head
+            return jnp.where(unknown, jnp.nan, energy)
+        return energies
+    return template

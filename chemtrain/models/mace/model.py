@@ -280,7 +280,8 @@ def _tuples(x):
 
 def node_energies(params, cfg: MaceConfig, vectors, senders, receivers, edge_mask,
                   element, node_mask, method: str | None = None, head=None):
-    """Per-atom energies (eV) of one structure.
+    """Per-atom energies (eV) of one structure, or of a batch of structures
+    laid out as one graph with no edges between them.
 
     Lengths are in Angstrom and energies in eV, as in mace-torch. An atom's
     energy is its element's E0 plus ``scale * (sum of the readouts of all
@@ -309,8 +310,10 @@ def node_energies(params, cfg: MaceConfig, vectors, senders, receivers, edge_mas
       method: cuequivariance-jax execution method; default: ``"uniform_1d"``
         (the CUDA kernel) on a GPU when cuequivariance-ops-jax is installed,
         ``"naive"`` (plain JAX) elsewhere.
-      head: index of the head, an integer scalar (may be traced; not checked
-        here: a traced index out of range is clamped); None: head 0.
+      head: index of the head, an integer scalar, or one per atom (n_atoms,)
+        for a batch whose structures use different heads (may be traced; not
+        checked here: a traced scalar index out of range is clamped, a
+        per-atom one gives NaN); None: head 0.
 
     Returns:
       The energy of each atom, shape (n_atoms,) in eV (0 where ``node_mask`` is
@@ -360,10 +363,14 @@ def node_energies(params, cfg: MaceConfig, vectors, senders, receivers, edge_mas
         hu = linear(p_int["linear_up"], h, layer.node_irreps, layer.edge_irreps)
         tp_w = mlp(p_int["radial_mlp"], radial, cfg.act_constant)
         poly, mid = conv_descriptor(layer.edge_irreps, sh_irreps, layer.target_irreps)
+        # the senders' features are gathered here, not passed through cuex's
+        # ``indices``: under jax.vmap over snapshots that share their species
+        # (DiffTRe) the features of the first layer are un-batched, and
+        # cuequivariance-jax 0.13 then gets their gradient wrong (see below)
         [msg] = cuex.segmented_polynomial(
-            poly, [tp_w, flat(hu), sh],
+            poly, [tp_w, flat(hu)[senders], sh],
             [jax.ShapeDtypeStruct((n, poly.outputs[0].size), dtype)],
-            indices=[None, senders, None, receivers], method=method)
+            indices=[None, None, None, receivers], method=method)
         msg = linear(p_int["linear"], split_blocks(msg, mid), mid, layer.target_irreps)
         msg = [m / cfg.avg_num_neighbors for m in msg]
         if layer.interaction == PLAIN:
@@ -385,10 +392,12 @@ def node_energies(params, cfg: MaceConfig, vectors, senders, receivers, edge_mas
         reads.append(readout(p_read, h, layer, cfg))
 
     # every readout gives one column per head: sum them, then take the head's
-    hd = 0 if head is None else head
+    hd = jnp.zeros((), jnp.int32) if head is None else jnp.asarray(head)
     scales, shifts = (jnp.asarray(x, dtype) for x in cfg.scale_shift_per_head())
-    inter = scales[hd] * (sum(reads)[:, hd] + pair) + shifts[hd]
-    e0 = jnp.asarray(cfg.atomic_energies_per_head(), dtype)[hd][element]
+    read = sum(reads)
+    read = read[:, hd] if hd.ndim == 0 else jnp.take_along_axis(read, hd[:, None], axis=1)[:, 0]
+    inter = scales[hd] * (read + pair) + shifts[hd]
+    e0 = jnp.asarray(cfg.atomic_energies_per_head(), dtype)[hd, element]
     return jnp.where(node_mask, e0 + inter, 0.0)
 
 

@@ -141,6 +141,33 @@ def test_head_out_of_range_in_traced_code_is_nan(ref, structures):
     assert np.all(np.isfinite(E[:, 0])) and np.all(np.isnan(E[:, 1]))
 
 
+def test_batch_of_mixed_heads_as_one_graph_matches_mace_torch(ref, structures):
+    """The force-matching predictor evaluates a batch on graphs as one
+    disjoint graph (the template's ``batched``), each structure with its own
+    head; a head out of range makes only its structure's energy NaN."""
+    from chemtrain.learn import force_matching as fm
+    cfg, params = ref["cfg"], ref["params"]
+    template = cm.energy_fn_template(cfg)
+    assert template.batched is not None
+    predict = jax.jit(fm.make_predictor(template, None))
+    heads = np.array([1, 0, 1], np.int32)
+    kw = {"species": jnp.asarray(structures["Z"]), "head": jnp.asarray(heads),
+          **{k: jnp.asarray(structures[k]) for k in ("senders", "receivers", "shifts")}}
+    R = jnp.asarray(structures["R"] * 0.1)
+    pred, err = predict(jax.tree.map(jnp.asarray, params), R, kw)
+    assert not np.asarray(err).any()
+    E = np.asarray(pred["U"]) / cm.ENERGY_TO_KJ_PER_MOL
+    F = np.asarray(pred["F"]) / cm.ENERGY_TO_KJ_PER_MOL / 10.0
+    refs = [reference(ref["path"], name, structures) for name in HEADS]
+    for k, h in enumerate(heads):
+        one = {key: v[k:k + 1] for key, v in structures.items()}
+        assert_head_matches(E[k:k + 1], F[k:k + 1], refs[h][0][k:k + 1], refs[h][1][k:k + 1],
+                            e0_sum(E0S[h], one, cfg))
+    kw["head"] = jnp.asarray([0, 2, 1], jnp.int32)
+    pred, _ = predict(jax.tree.map(jnp.asarray, params), R, kw)
+    assert np.isnan(pred["U"][1]) and np.all(np.isfinite(np.asarray(pred["U"])[[0, 2]]))
+
+
 # ------------------------------------------------------------------ chemtrain -> mace-torch
 
 def test_exported_multihead_model_matches(ref, structures, tmp_path):

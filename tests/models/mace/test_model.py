@@ -182,18 +182,25 @@ assert 'torch' not in sys.modules
     np.testing.assert_array_equal(np.load(tmp_path / "F.npy"), F)
 
 
-def test_parameter_gradient_of_a_batch_is_the_sum(torch_models):
+@pytest.mark.parametrize("shared_species", [False, True])
+def test_parameter_gradient_of_a_batch_is_the_sum(torch_models, shared_species):
     """The trainers vmap the energy over structures; the gradient with respect
     to the parameters must be the sum of the single-structure gradients
-    (cuequivariance-jax 0.13 gets this wrong for indexed weights)."""
+    (cuequivariance-jax 0.13 gets this wrong for indexed inputs that are not
+    batched: per-element weights, and the first layer's node features when
+    the structures share their species, as DiffTRe's snapshots do)."""
     cfg, params = cm.load_mace_torch(torch_models("medium"), trusted=True)
     data, nbrs, template = finetune_data(cfg, n=3, seed=2)
     p = jax.tree.map(jnp.asarray, params)
     R, Z = jnp.asarray(data["R"]), jnp.asarray(data["species"])
+    if shared_species:
+        Z = jnp.broadcast_to(Z[0], Z.shape)
 
     def energy(p, r, z):
         return template(p)(r, nbrs.update(r), species=z)
-    batched = jax.jit(jax.grad(lambda p: jnp.sum(jax.vmap(energy, (None, 0, 0))(p, R, Z))))(p)
+    z_axis = None if shared_species else 0
+    Zv = Z[0] if shared_species else Z
+    batched = jax.jit(jax.grad(lambda p: jnp.sum(jax.vmap(energy, (None, 0, z_axis))(p, R, Zv))))(p)
     one = jax.jit(jax.grad(energy))
     summed = jax.tree.map(lambda *g: sum(g), *[one(p, R[k], Z[k]) for k in range(3)])
     for a, b in zip(jax.tree.leaves(batched), jax.tree.leaves(summed)):
