@@ -178,6 +178,40 @@ def map_in_chunks(fn, xs, batch_size):
     return jax.lax.map(fn, xs, batch_size=batch_size)
 
 
+def pad_to_chunks(xs, chunk: int):
+    """``(blocks, pad)``: the leaves of ``xs`` (leading axis n) as
+    (ceil(n / chunk), chunk, ...) blocks, the last entry repeated ``pad``
+    times to fill the last block (valid inputs whose results are dropped)."""
+    n = jax.tree.leaves(xs)[0].shape[0]
+    n_chunks = -(-n // chunk)
+    pad = n_chunks * chunk - n
+
+    def blocks(x):
+        if pad:
+            x = jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)])
+        return x.reshape(n_chunks, chunk, *x.shape[1:])
+    return jax.tree.map(blocks, xs), pad
+
+
+def batched_snapshot_energies(batched: Callable) -> Callable:
+    """``(params, nbrs0, snapshots, state_kwargs) -> (U, overflow)`` of a
+    chunk of snapshots (leading axis B) through an energy template's
+    ``batched`` energies (:attr:`chemtrain.models.EnergyTemplate.batched`:
+    MACE evaluates the chunk as one disjoint graph): the neighbor list
+    ``nbrs0`` updated to each snapshot, the energy keyword arguments given
+    the leading axis B. Equal to a vmap of :func:`snapshot_fn`'s energies."""
+    def energies(params, nbrs0, snaps, state_kwargs):
+        n = snaps.position.shape[0]
+        nbrs = jax.vmap(lambda s: nbrs0.update(s.position, **box_kwargs(s)))(snaps)
+        shared = energy_kwargs(jax.tree.map(lambda x: x[0], snaps), state_kwargs)
+        own = jax.vmap(lambda s: energy_kwargs(s, {}))(snaps)   # an NPT state's box
+        kwargs = {k: jnp.broadcast_to(v, (n, *jnp.shape(v))) for k, v in shared.items()
+                  if k not in own}
+        U = batched(params)(snaps.position, nbrs, **kwargs, **own)
+        return U, nbrs.did_buffer_overflow
+    return energies
+
+
 def snapshot_fn(energy_fn_template: Callable | None, quantities: Mapping) -> Callable:
     """Return ``one(params, nbrs0, snapshot, state_kwargs) -> (U, q,
     overflow)``: one snapshot's energy under ``params`` (None without a
@@ -209,10 +243,24 @@ def make_snapshot_evaluator(energy_fn_template: Callable | None,
     evaluated at once (None: all)."""
     quantities = dict(quantities or {})
     one = snapshot_fn(energy_fn_template, quantities)
+    batched = getattr(energy_fn_template, "batched", None)
+    if batched is not None and not quantities:
+        # energies only: chunks through the template's batched energies
+        chunk_fn = batched_snapshot_energies(batched)
+
+        def one_chain(params, nbrs0, snapshots, state_kwargs):
+            n = jax.tree.leaves(snapshots)[0].shape[0]
+            size = n if vmap_batch is None else min(int(vmap_batch), n)
+            blocks, pad = pad_to_chunks(snapshots, size)
+            U, overflow = jax.lax.map(lambda b: chunk_fn(params, nbrs0, b, state_kwargs), blocks)
+            return U.reshape(-1)[:n], {}, overflow.reshape(-1)[:n]
+    else:
+        def one_chain(params, nbrs0, snapshots, state_kwargs):
+            return map_in_chunks(lambda s: one(params, nbrs0, s, state_kwargs), snapshots,
+                                 vmap_batch)
 
     def evaluate(params, chains, state_kwargs):
-        outs = [map_in_chunks(lambda s, nb=nbrs0: one(params, nb, s, state_kwargs), snapshots,
-                              vmap_batch) for snapshots, nbrs0 in chains]
+        outs = [one_chain(params, nbrs0, snapshots, state_kwargs) for snapshots, nbrs0 in chains]
         U = None if energy_fn_template is None else jnp.concatenate([o[0] for o in outs])
         q = {name: jnp.concatenate([o[1][name] for o in outs]) for name in quantities}
         n_overflow = sum(jnp.sum(o[2]) for o in outs)

@@ -23,11 +23,20 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STANDIN = os.path.join(HERE, "nanotube_standin.npz")
+# Plain Adam, not chemtrain-finetune's default (mace-torch's AMSGrad with
+# gradient clipping and weight decay, made for long runs): on this 12-epoch fit
+# from scratch, with the cosine decay to 5 %, AMSGrad's running maximum of the
+# second moment leaves the late steps too small. Test force RMSE (eV/A, last
+# epoch, seed 0): plain Adam 0.207, the CLI's default 0.232 (0.214 with
+# --scheduler constant; clipping at 10 never acts). benchmarks/accuracy_vs_mace_torch.py
+# passes the same flags.
+OPTIMIZER = ["--amsgrad", "False", "--clip_grad", "0", "--weight_decay", "0"]
 # chosen by measurement (docs/getting_started.md, "The main job and its stand-in for MD22")
 DEFAULTS = ["--train_file", STANDIN, "--n_train", "60", "--n_valid", "10", "--n_test", "50",
             "--num_channels", "8", "--max_L", "0", "--max_ell", "1", "--correlation", "2",
             "--r_max", "4.0", "--batch_size", "2", "--max_num_epochs", "12", "--lr", "0.02",
-            "--energy_weight", "1.0", "--forces_weight", "1.0", "--results_dir", "runs/md22"]
+            "--energy_weight", "1.0", "--forces_weight", "1.0", "--results_dir", "runs/md22",
+            *OPTIMIZER]
 
 
 def main(argv=None) -> int:

@@ -4,6 +4,7 @@ reweighted loss, float64, 16 atoms. The gradient passes through the
 Boltzmann weights (RDF target) and an energy-dependent quantity (the
 potential energy). And mpirun -np 2 on two state points equals one
 process."""
+import dataclasses
 import json
 import os
 
@@ -114,11 +115,12 @@ def test_float32_gradient_equals_float64_on_the_same_snapshots(tmp_path):
 
 
 def test_batched_energies_give_the_vmapped_gradient(tmp_path):
-    """With no potential-dependent quantity (an RDF target), the two-pass
-    gradient evaluates each chunk of snapshots through the template's
-    batched energies (MACE on one disjoint graph; the prior vmapped): equal
-    to the direct gradient, which vmaps the energy of one snapshot, with a
-    padded last chunk."""
+    """With no potential-dependent quantity (an RDF target), the energies
+    and the two-pass gradient evaluate each chunk of snapshots through the
+    template's batched energies (MACE on one disjoint graph; the prior
+    vmapped): loss, N_eff and gradient equal those of the direct gradient of
+    a template without batched energies (a vmap of one snapshot's energy),
+    with a padded last chunk."""
     from chemtrain.learn import difftre as dt
     from chemtrain.learn.difftre_grad import make_value_and_grad
     from chemtrain.learn.difftre_objective import chains_of, energies_of
@@ -140,11 +142,13 @@ def test_batched_energies_give_the_vmapped_gradient(tmp_path):
         values = {"rdf": jnp.ones_like(fixed["rdf"][0])}
         args = (theta, chains, U_ref, values, kwargs, fixed)
         kw = dict(vmap_batch=7, fixed=("rdf",))
+        vmapped = dataclasses.replace(template, batched=None)   # one snapshot at a time
         (a, aux_a), ga = jax.jit(jax.value_and_grad(
-            dt.make_statepoint_loss(template, quantities, targets, **kw), has_aux=True))(*args)
+            dt.make_statepoint_loss(vmapped, quantities, targets, **kw), has_aux=True))(*args)
         (b, aux_b), gb = jax.jit(make_value_and_grad(template, quantities, targets, **kw))(*args)
         assert sp.n_snapshots % 7 and float(aux_a["n_eff"]) < 0.999 * sp.n_snapshots
         assert float(a) == pytest.approx(float(b), rel=1e-12)
+        assert float(aux_a["n_eff"]) == pytest.approx(float(aux_b["n_eff"]), rel=1e-12)
         ga, gb = (np.asarray(jax.flatten_util.ravel_pytree(g)[0]) for g in (ga, gb))
         assert np.max(np.abs(ga)) > 0
         np.testing.assert_allclose(gb, ga, rtol=0, atol=1e-9 * np.max(np.abs(ga)))
