@@ -63,6 +63,11 @@ class SingleStrategy(Strategy):
         return contiguous_rows(data, idx, self.local_rows(batch))
 
     def place_batch(self, local_batch):
+        # on the default device the jitted step takes the host arrays itself
+        # (its C++ dispatch transfers them): a Python device_put per batch
+        # cost about 5 % of an epoch of a 27-atom Lennard-Jones fit
+        if self._device == jax.devices()[0]:
+            return local_batch
         return jax.device_put(local_batch, self._device)
 
     def replicate(self, tree):
