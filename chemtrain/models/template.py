@@ -35,14 +35,15 @@ class EnergyTemplate:
       periodic: False for a model built on free space (``space.free()``),
         which trainers refuse in a periodic simulation; True for one known to
         be built on a periodic displacement function; None: unknown.
-      batched: optional ``params -> energies(positions, graphs, **kwargs)``
-        for a batch of structures on precomputed graphs: positions (B, N, 3),
-        a :class:`~chemtrain.neighbors.Graph` of (B, E) arrays and every
-        keyword with the leading axis B; returns (B,) energies, each what
-        ``fn(params)`` gives for that structure. Force matching uses it
-        instead of a ``jax.vmap`` of ``fn(params)`` when the data carry
-        graphs (MACE's evaluates the batch as one disjoint graph, as
-        mace-torch does). None: the vmap.
+      batched: optional ``params -> energies(positions, neighbor, **kwargs)``
+        for a batch of structures: positions (B, N, 3), ``neighbor`` a
+        :class:`~chemtrain.neighbors.Graph` of (B, E) arrays or a jax-md
+        list with a leading axis B, and every keyword with the leading axis
+        B; returns (B,) energies, each what ``fn(params)`` gives for that
+        structure. Force matching on graphs and DiffTRe's energies of
+        snapshots use it instead of a ``jax.vmap`` of ``fn(params)`` (MACE's
+        evaluates the batch as one disjoint graph, as mace-torch does).
+        None: the vmap.
     """
     fn: Callable
     check_vma: bool = True
