@@ -74,7 +74,9 @@ def make_predictor(energy_fn_template: Callable, nbrs_init, vary: Callable = lam
     kwargs); ``pred`` holds ``U`` and ``F`` and, with ``stress``, ``stress``
     (3x3) and ``has_stress`` (the structure has a cell).
 
-    Energy, forces and stress come from one ``value_and_grad``;
+    Energy, forces and stress come from one ``value_and_grad``; a template
+    with :attr:`~chemtrain.models.EnergyTemplate.batched` energies evaluates
+    the whole batch at once (MACE: one disjoint graph), others are vmapped;
     ``nbr_error`` is True where the neighbor list overflowed or was
     otherwise invalid (never with precomputed graphs, for which
     ``nbrs_init`` may be None). ``vary`` is the strategy's
@@ -122,16 +124,12 @@ def make_predictor(energy_fn_template: Callable, nbrs_init, vary: Callable = lam
 
     batched = getattr(energy_fn_template, "batched", None)
 
-    def whole_batch(params, R, kwargs, strain0):
-        # the template's batched energies on graphs: every structure's energy
-        # depends on its own positions and strain only, so the gradient of
-        # their sum holds each structure's forces and strain derivative
-        graphs = graph_from(kwargs)
-        kwargs = {k: v for k, v in kwargs.items() if k not in GRAPH_KEYS}
-        if "mask" in kwargs:
-            graphs = jax.vmap(mask_graph)(graphs, kwargs["mask"])
+    def whole_batch(params, nbrs0, R, kwargs, strain0):
+        # the template's batched energies: every structure's energy depends
+        # on its own positions and strain only, so the gradient of their sum
+        # holds each structure's forces and strain derivative
+        graphs, error, kwargs = jax.vmap(neighbors_of, in_axes=(None, 0, 0))(nbrs0, R, kwargs)
         energies = batched(params)
-        error = jnp.zeros((R.shape[0],), bool)
         if strain0 is None:
             def total(r):
                 U = energies(r, graphs, **kwargs)
@@ -157,8 +155,8 @@ def make_predictor(energy_fn_template: Callable, nbrs_init, vary: Callable = lam
         # the zero strain is per-shard data: a replicated one would have its
         # derivative summed over the shards by shard_map's transpose
         strain0 = vary(jnp.zeros((R.shape[0], 3, 3), R.dtype)) if stress else None
-        if batched is not None and all(k in kwargs for k in GRAPH_KEYS):
-            return whole_batch(params, R, kwargs, strain0)
+        if batched is not None and (nbrs_init is not None or all(k in kwargs for k in GRAPH_KEYS)):
+            return whole_batch(params, vary(nbrs_init), R, kwargs, strain0)
         return jax.vmap(one, in_axes=(None, None, 0, 0, 0))(params, vary(nbrs_init), R, kwargs,
                                                            strain0)
 

@@ -207,6 +207,31 @@ def test_parameter_gradient_of_a_batch_is_the_sum(torch_models, shared_species):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10 * float(jnp.max(jnp.abs(b))))
 
 
+def test_predictor_on_neighbor_lists_evaluates_the_batch_as_one_graph(torch_models):
+    """Force matching with a jax-md list: the batch goes through the
+    template's batched energies (each structure's list updated, one disjoint
+    graph) and gives the energies and forces of the vmapped single-structure
+    energy function, with a padded atom masked in one structure."""
+    import dataclasses
+    from chemtrain.learn import force_matching as fm
+    cfg, params = cm.load_mace_torch(torch_models("medium"), trusted=True)
+    data, nbrs, template = finetune_data(cfg, n=3, seed=4)
+    mask = np.ones(data["species"].shape, bool)
+    mask[1, -1] = False
+    kw = {"species": jnp.asarray(data["species"]), "mask": jnp.asarray(mask)}
+    p, R = jax.tree.map(jnp.asarray, params), jnp.asarray(data["R"])
+    assert template.batched is not None
+    out = {}
+    for name, t in (("batched", template), ("vmapped", dataclasses.replace(template, batched=None))):
+        pred, err = jax.jit(fm.make_predictor(t, nbrs))(p, R, kw)
+        assert not np.asarray(err).any()
+        out[name] = pred
+    F = np.asarray(out["vmapped"]["F"])
+    assert np.abs(F[1, -1]).max() == 0 and np.abs(F).max() > 1.0
+    np.testing.assert_allclose(out["batched"]["U"], out["vmapped"]["U"], rtol=1e-12)
+    np.testing.assert_allclose(out["batched"]["F"], F, rtol=0, atol=1e-10 * np.abs(F).max())
+
+
 def test_random_init_is_rotation_invariant(torch_models):
     """A model built in JAX alone (init_params): energy invariant and forces
     equivariant under a rotation, and translation changes nothing."""
