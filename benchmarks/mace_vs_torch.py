@@ -139,8 +139,9 @@ def main():
 
     def energy(p, R):
         vec = R[receivers] - R[senders] + shifts
+        # vmap_safe=False: as the trainers' batched energies (no vmap here)
         return jnp.sum(M.node_energies(p, cfg, vec, senders, receivers, edge_mask, element, node_mask,
-                                       method=args.method))
+                                       method=args.method, vmap_safe=False))
 
     ef = jax.jit(jax.value_and_grad(energy, argnums=1))
     F_ref_j = jnp.asarray(F_ref_np, dt)

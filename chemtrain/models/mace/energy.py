@@ -312,7 +312,8 @@ def batched_template(cfg: MaceConfig, displacement_fn: Callable | None = None,
                               senders=(s + offset).reshape(-1), receivers=(r + offset).reshape(-1),
                               edge_mask=real.reshape(-1),
                               element=jnp.maximum(element, 0).reshape(-1),
-                              node_mask=node_mask.reshape(-1), method=method, head=hd)
+                              node_mask=node_mask.reshape(-1), method=method, head=hd,
+                              vmap_safe=False)
             energy = jnp.sum(e.reshape(b, n), axis=1) * ENERGY_TO_KJ_PER_MOL
             unknown = jnp.any(node_mask & (element < 0), axis=1) | bad_head
             return jnp.where(unknown, jnp.nan, energy)

@@ -279,7 +279,8 @@ def _tuples(x):
 
 
 def node_energies(params, cfg: MaceConfig, vectors, senders, receivers, edge_mask,
-                  element, node_mask, method: str | None = None, head=None):
+                  element, node_mask, method: str | None = None, head=None,
+                  vmap_safe: bool = True):
     """Per-atom energies (eV) of one structure, or of a batch of structures
     laid out as one graph with no edges between them.
 
@@ -314,6 +315,14 @@ def node_energies(params, cfg: MaceConfig, vectors, senders, receivers, edge_mas
         for a batch whose structures use different heads (may be traced; not
         checked here: a traced scalar index out of range is clamped, a
         per-atom one gives NaN); None: head 0.
+      vmap_safe: gather the senders' features and each atom's
+        symmetric-contraction weights before cuequivariance-jax's
+        polynomials, so that a ``jax.vmap`` of this function differentiates
+        correctly (cuequivariance-jax 0.13 gets the gradient of an indexed,
+        un-batched input wrong under vmap). False: pass them through its
+        ``indices`` (faster, less memory), for callers that do not vmap it
+        over structures (the batched energies of
+        :func:`chemtrain.models.mace.energy_fn_template`).
 
     Returns:
       The energy of each atom, shape (n_atoms,) in eV (0 where ``node_mask`` is
@@ -363,14 +372,15 @@ def node_energies(params, cfg: MaceConfig, vectors, senders, receivers, edge_mas
         hu = linear(p_int["linear_up"], h, layer.node_irreps, layer.edge_irreps)
         tp_w = mlp(p_int["radial_mlp"], radial, cfg.act_constant)
         poly, mid = conv_descriptor(layer.edge_irreps, sh_irreps, layer.target_irreps)
-        # the senders' features are gathered here, not passed through cuex's
-        # ``indices``: under jax.vmap over snapshots that share their species
-        # (DiffTRe) the features of the first layer are un-batched, and
-        # cuequivariance-jax 0.13 then gets their gradient wrong (see below)
+        # vmap_safe: the senders' features are gathered here, not passed
+        # through cuex's ``indices``: under jax.vmap over snapshots that share
+        # their species (DiffTRe) the features of the first layer are
+        # un-batched, and cuequivariance-jax 0.13 then gets their gradient
+        # wrong (see below)
         [msg] = cuex.segmented_polynomial(
-            poly, [tp_w, flat(hu)[senders], sh],
+            poly, [tp_w, flat(hu)[senders] if vmap_safe else flat(hu), sh],
             [jax.ShapeDtypeStruct((n, poly.outputs[0].size), dtype)],
-            indices=[None, None, None, receivers], method=method)
+            indices=[None, None if vmap_safe else senders, None, receivers], method=method)
         msg = linear(p_int["linear"], split_blocks(msg, mid), mid, layer.target_irreps)
         msg = [m / cfg.avg_num_neighbors for m in msg]
         if layer.interaction == PLAIN:
@@ -378,13 +388,14 @@ def node_energies(params, cfg: MaceConfig, vectors, senders, receivers, edge_mas
                                  layer.target_irreps, cfg.num_elements)
         sym_out = "+".join(f"{mul}x{ir}" for mul, ir in irreps(layer.hidden_irreps))
         spoly = symmetric_descriptor(layer.target_irreps, sym_out, layer.correlation)
-        # Each atom's weights are gathered here rather than passed through
+        # vmap_safe: each atom's weights are gathered here rather than passed through
         # cuex's ``indices``: with cuequivariance-jax 0.13 the gradient of an
         # indexed, un-batched input is wrong under jax.vmap (as the trainers
         # call energy functions); tests/models/mace/test_model.py checks the gradient.
         [hs] = cuex.segmented_polynomial(
-            spoly, [p_prod["symmetric"][element], flat(msg)],
-            [jax.ShapeDtypeStruct((n, spoly.outputs[0].size), dtype)], method=method)
+            spoly, [p_prod["symmetric"][element] if vmap_safe else p_prod["symmetric"], flat(msg)],
+            [jax.ShapeDtypeStruct((n, spoly.outputs[0].size), dtype)],
+            indices=None if vmap_safe else [element, None, None], method=method)
         h = linear(p_prod["linear"], split_blocks(hs, layer.hidden_irreps),
                    layer.hidden_irreps, layer.hidden_irreps)
         if sc is not None:

@@ -232,6 +232,28 @@ def test_predictor_on_neighbor_lists_evaluates_the_batch_as_one_graph(torch_mode
     np.testing.assert_allclose(out["batched"]["F"], F, rtol=0, atol=1e-10 * np.abs(F).max())
 
 
+def test_committee_gradient_of_the_batched_loss_is_each_members(torch_models):
+    """A committee vmaps the force-matching loss over its members; the
+    batched energies pass element and sender indices to cuequivariance-jax
+    (vmap_safe=False), so under that vmap each member's gradient must still
+    be its own loss gradient."""
+    from chemtrain.learn import force_matching as fm
+    cfg, params = cm.load_mace_torch(torch_models("medium"), trusted=True)
+    data, nbrs, template = finetune_data(cfg, n=2, seed=5, teacher=(cfg, params))
+    members = [cm.init_params(cfg, jax.random.PRNGKey(k), jnp.float64) for k in range(2)]
+    batch = {k: jnp.asarray(v) for k, v in data.items()}
+    batch["_valid"] = jnp.ones(2, bool)
+    loss = fm.make_shard_loss(fm.make_predictor(template, nbrs), {"U": 1e-3, "F": 1.0}, {},
+                              {"R", "U", "F", "_valid"})
+    grad = jax.grad(lambda p: loss(p, batch)[0])
+    stacked = jax.tree.map(lambda *x: jnp.stack(x), *members)
+    together = jax.jit(jax.vmap(grad))(stacked)
+    for k, p in enumerate(members):
+        one = jax.jit(grad)(p)
+        for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(together)):
+            np.testing.assert_allclose(b[k], a, rtol=0, atol=1e-10 * float(jnp.max(jnp.abs(a))))
+
+
 def test_random_init_is_rotation_invariant(torch_models):
     """A model built in JAX alone (init_params): energy invariant and forces
     equivariant under a rotation, and translation changes nothing."""
