@@ -220,7 +220,13 @@ def start_mpi_exit_watch(strategy, poll_s: float = 0.2) -> None:
     listens; if a peer has ended while this rank is inside a trainer method
     (a failure guard: work that reaches collectives) and is still inside the
     same call ``PEER_EXIT_GRACE_S`` later, it can never complete: the thread
-    ends every process with a message naming both ranks."""
+    ends every process with a message naming both ranks.
+
+    A rank that ends waits, before MPI is finalized, until every other rank
+    has ended too (or the run is ended for it). Finalizing would wait for
+    them anyway, but it fails when a peer still at work has already sent
+    this rank a message (a collective the peer entered): MPICH's launcher
+    then killed the other ranks without a word and reported success."""
     import atexit
     if _exit_watch or strategy.process_count == 1:
         return
@@ -257,9 +263,12 @@ def start_mpi_exit_watch(strategy, poll_s: float = 0.2) -> None:
     _exit_watch.update(thread=thread, stop=stop)
 
     def tell_the_others():   # atexit: before mpi4py finalizes MPI
-        sends = [comm.isend(rank, dest=r, tag=EXIT_TAG) for r in range(comm.Get_size())
-                 if r != rank]
+        import time
+        others = comm.Get_size() - 1
+        sends = [comm.isend(rank, dest=r, tag=EXIT_TAG) for r in range(others + 1) if r != rank]
         MPI.Request.Waitall(sends)
+        while len(ended) < others and thread.is_alive():
+            time.sleep(poll_s)   # the watch thread counts the peers that ended
         stop.set()
         thread.join(timeout=poll_s + 5)
 

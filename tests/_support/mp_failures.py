@@ -9,8 +9,9 @@ Cases (process 1 is the one that misbehaves):
   root_error     the root's dataset holds an element the model refuses
   restore        process 1 names another checkpoint than the root; then all
                  name a missing one
-  early_exit     process 1 trains one epoch and its script ends; process 0
-                 trains on (it would wait forever in its next collective)
+  early_exit     process 1 trains one epoch and its script ends (after
+                 EARLY_EXIT_LINGER_S seconds); process 0 trains on (it would
+                 wait forever in its next collective)
   single_race    every process runs its own parallelism='single' run into one
                  checkpoint folder (two runs started together)
 Every process that catches an error writes DIR/error_<process>.txt with its
@@ -108,6 +109,9 @@ def main():
         tr.set_datasets(data)
         tr.train(1)
         if proc == 1:
+            # let process 0 enter its next train() and send this process its
+            # first message first: with a message pending, finalizing MPI failed
+            time.sleep(float(os.environ.get("EARLY_EXIT_LINGER_S", "0")))
             failing_now()
             print("PROCESS-1-ENDS", flush=True)
             return
