@@ -25,6 +25,9 @@ class Loader(Protocol):
     per epoch. ``local_batches(strategy, epoch)`` yields, for every global
     batch of the epoch, this process's rows as a dict of numpy arrays with a
     boolean ``_valid`` column (``VALID``) that marks padding rows False.
+    Each batch must be new arrays that the loader does not write to again:
+    the trainer hands them to an asynchronous step without copying, so a
+    loader that refilled one buffer could change a batch still in use.
     ``configure(batch, training, seed, strategy, required=(), weights=())``
     binds a loader that reads for itself (such as
     :class:`HDF5ParallelDataLoader`) to a trainer: its global batch size,

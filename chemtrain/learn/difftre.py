@@ -178,19 +178,22 @@ def map_in_chunks(fn, xs, batch_size):
     return jax.lax.map(fn, xs, batch_size=batch_size)
 
 
-def pad_to_chunks(xs, chunk: int):
-    """``(blocks, pad)``: the leaves of ``xs`` (leading axis n) as
-    (ceil(n / chunk), chunk, ...) blocks, the last entry repeated ``pad``
-    times to fill the last block (valid inputs whose results are dropped)."""
+def pad_to_chunks(xs, chunk: int, fill: str = "last"):
+    """The leaves of ``xs`` (leading axis n) as (ceil(n / chunk), chunk, ...)
+    blocks. The last block is filled with copies of the last entry
+    (``fill="last"``: valid inputs whose results are dropped) or with zeros
+    (``fill="zeros"``: e.g. cotangents that add nothing)."""
     n = jax.tree.leaves(xs)[0].shape[0]
     n_chunks = -(-n // chunk)
     pad = n_chunks * chunk - n
 
     def blocks(x):
         if pad:
-            x = jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)])
+            extra = (jnp.repeat(x[-1:], pad, axis=0) if fill == "last"
+                     else jnp.zeros((pad, *x.shape[1:]), x.dtype))
+            x = jnp.concatenate([x, extra])
         return x.reshape(n_chunks, chunk, *x.shape[1:])
-    return jax.tree.map(blocks, xs), pad
+    return jax.tree.map(blocks, xs)
 
 
 def batched_snapshot_energies(batched: Callable) -> Callable:
@@ -251,7 +254,7 @@ def make_snapshot_evaluator(energy_fn_template: Callable | None,
         def one_chain(params, nbrs0, snapshots, state_kwargs):
             n = jax.tree.leaves(snapshots)[0].shape[0]
             size = n if vmap_batch is None else min(int(vmap_batch), n)
-            blocks, pad = pad_to_chunks(snapshots, size)
+            blocks = pad_to_chunks(snapshots, size)
             U, overflow = jax.lax.map(lambda b: chunk_fn(params, nbrs0, b, state_kwargs), blocks)
             return U.reshape(-1)[:n], {}, overflow.reshape(-1)[:n]
     else:

@@ -81,15 +81,9 @@ def _chunked_vjp(chunk_values, params, nbrs0, snapshots, cotangents, state_kwarg
     one chunk."""
     n = jax.tree.leaves(snapshots)[0].shape[0]
     chunk = n if chunk is None else min(int(chunk), n)
-    n_chunks = -(-n // chunk)
-    pad = n_chunks * chunk - n
-
-    def blocks(x):
-        x = jnp.concatenate([x, jnp.zeros((pad, *x.shape[1:]), x.dtype)]) if pad else x
-        return x.reshape(n_chunks, chunk, *x.shape[1:])
     # padded snapshots repeat the last one (valid inputs); their cotangents are zero
-    padded, _ = reweight.pad_to_chunks(snapshots, chunk)
-    cot = jax.tree.map(blocks, cotangents)
+    padded = reweight.pad_to_chunks(snapshots, chunk)
+    cot = reweight.pad_to_chunks(cotangents, chunk, fill="zeros")
 
     def body(total, block):
         snaps, (gU, gq) = block

@@ -68,10 +68,30 @@ def batch_kwargs(batch: Mapping, exclude) -> dict:
     return {k: v for k, v in batch.items() if k not in exclude}
 
 
+def _require_box(kwargs):
+    if "box" not in kwargs:
+        raise ValueError("A stress target needs each structure's cell: add 'box' (structures, "
+                         "3, 3) to the data (zeros for structures without a cell).")
+
+
+def _deformation(strain):
+    """The cell's deformation ``1 + sym(strain)`` (last two axes 3x3)."""
+    sym = 0.5 * (strain + jnp.swapaxes(strain, -1, -2))
+    return jnp.eye(3, dtype=strain.dtype) + sym
+
+
+def _stress(dS, box):
+    """``(stress, has_cell)`` of one structure from its energy's derivative
+    by the strain: ``dS / V``, zero where the structure has no cell."""
+    V = volume(box).astype(dS.dtype)
+    has = V > 0
+    return jnp.where(has, dS / jnp.where(has, V, 1.0), 0.0), has
+
+
 def make_predictor(energy_fn_template: Callable, nbrs_init, vary: Callable = lambda t: t) -> Callable:
     """Return ``predict(params, R, kwargs, stress=False) -> (pred, nbr_error)``
-    for a batch of structures (vmapped over the leading axis of ``R`` and
-    kwargs); ``pred`` holds ``U`` and ``F`` and, with ``stress``, ``stress``
+    for a batch of structures (the leading axis of ``R`` and kwargs);
+    ``pred`` holds ``U`` and ``F`` and, with ``stress``, ``stress``
     (3x3) and ``has_stress`` (the structure has a cell).
 
     Energy, forces and stress come from one ``value_and_grad``; a template
@@ -108,18 +128,12 @@ def make_predictor(energy_fn_template: Callable, nbrs_init, vary: Callable = lam
         if strain0 is None:
             U, dU = jax.value_and_grad(lambda r: energy_fn(r, neighbor=nbrs, **kwargs))(R)
             return {"U": U, "F": -dU}, error
-        if "box" not in kwargs:
-            raise ValueError("A stress target needs each structure's cell: add 'box' (structures, "
-                             "3, 3) to the data (zeros for structures without a cell).")
+        _require_box(kwargs)
 
         def energy(r, strain):
-            strain = 0.5 * (strain + strain.T)
-            return energy_fn(r, neighbor=nbrs, perturbation=jnp.eye(3, dtype=r.dtype) + strain,
-                             **kwargs)
+            return energy_fn(r, neighbor=nbrs, perturbation=_deformation(strain), **kwargs)
         U, (dU, dS) = jax.value_and_grad(energy, argnums=(0, 1))(R, strain0)
-        V = volume(kwargs["box"]).astype(R.dtype)
-        has = V > 0
-        sigma = jnp.where(has, dS / jnp.where(has, V, 1.0), 0.0)
+        sigma, has = _stress(dS, kwargs["box"])
         return {"U": U, "F": -dU, "stress": sigma, "has_stress": has}, error
 
     batched = getattr(energy_fn_template, "batched", None)
@@ -136,19 +150,14 @@ def make_predictor(energy_fn_template: Callable, nbrs_init, vary: Callable = lam
                 return jnp.sum(U), U
             (_, U), dU = jax.value_and_grad(total, has_aux=True)(R)
             return {"U": U, "F": -dU}, error
-        if "box" not in kwargs:
-            raise ValueError("A stress target needs each structure's cell: add 'box' (structures, "
-                             "3, 3) to the data (zeros for structures without a cell).")
+        _require_box(kwargs)
 
         def total_strained(r, strain):
-            strain = 0.5 * (strain + jnp.swapaxes(strain, 1, 2))
-            U = energies(r, graphs, perturbation=jnp.eye(3, dtype=r.dtype) + strain, **kwargs)
+            U = energies(r, graphs, perturbation=_deformation(strain), **kwargs)
             return jnp.sum(U), U
         (_, U), (dU, dS) = jax.value_and_grad(total_strained, argnums=(0, 1), has_aux=True)(
             R, strain0)
-        V = jax.vmap(volume)(kwargs["box"]).astype(R.dtype)
-        has = V > 0
-        sigma = jnp.where(has[:, None, None], dS / jnp.where(has, V, 1.0)[:, None, None], 0.0)
+        sigma, has = jax.vmap(_stress)(dS, kwargs["box"])
         return {"U": U, "F": -dU, "stress": sigma, "has_stress": has}, error
 
     def predict(params, R, kwargs, stress=False):
