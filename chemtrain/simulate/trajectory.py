@@ -7,8 +7,10 @@ state of the previous trajectory, with the forces recomputed for the new
 parameters (jax-md states carry the force of the parameters that produced
 them). The neighbor list is updated every step; an overflow (or non-finite
 positions) is recorded as data, the integration stops advancing at the first
-failed step, and the state of the last step whose neighbor-list update was
-valid is kept: jax-md itself overwrites ``reference_position`` with the
+failed step (later steps are computed and thrown away: cheaper than a
+``lax.cond`` around each step), and the state of the last step whose
+neighbor-list update was valid is kept: jax-md itself overwrites
+``reference_position`` with the
 overflowing positions and keeps its error bits set until the next
 ``allocate``. ``run_with_restart`` is the host-side policy: re-allocate at
 the last valid positions with a larger capacity and run again from there.
@@ -338,12 +340,13 @@ def make_trajectory(simulator_template: Callable, energy_fn_template: Callable, 
             state, nbrs, valid, n_valid, overflow, nonfinite = carry
             failed = overflow | nonfinite
 
-            def advance(args):
-                s, nb = args
-                s = apply(s, neighbor=nb, **step_kwargs, **energy_kwargs)
-                return s, nb.update(s.position, **box_kwargs(s))
-
-            new_state, new_nbrs = jax.lax.cond(failed, lambda a: a, advance, (state, nbrs))
+            # every step is computed and one that follows a failure is thrown
+            # away (a lax.cond that skipped it cost 5-7 % of every step of a
+            # Lennard-Jones fluid): the state stays at the first failed step
+            moved = apply(state, neighbor=nbrs, **step_kwargs, **energy_kwargs)
+            moved_nbrs = nbrs.update(moved.position, **box_kwargs(moved))
+            new_state, new_nbrs = jax.tree.map(lambda a, b: jnp.where(failed, a, b),
+                                               (state, nbrs), (moved, moved_nbrs))
             bad_nbrs = new_nbrs.did_buffer_overflow != 0
             bad_pos = ~jnp.all(jnp.isfinite(new_state.position))
             ok = ~(failed | bad_nbrs | bad_pos)

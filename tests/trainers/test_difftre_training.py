@@ -135,19 +135,24 @@ def check_recompute_rule(trainer):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_lj_sigma_from_rdf(lj, seed, tmp_path):
+    # a decaying step: with a constant RMSprop step (about 1 % in sigma) the
+    # final sigma scattered by up to 0.9 % over seeds, and the fresh-run RDF
+    # MSE below with it (8.6e-5 to 1.9e-3 over 10 seed runs), so the bound
+    # depended on the last step's rounding; decayed, sigma ends within 0.14 %
+    # and the MSE at 1.3-1.8e-4 (seeds 0, 1, 2, 5)
     trainer = lj_trainer(lj, {"log_sigma": jnp.log(0.9 * SIGMA)},
                          {"rdf": {"target": lj["rdf"], "gamma": 1.0}}, seed,
+                         lr=optax.exponential_decay(0.01, 40, 0.1),
                          checkpoint_path=str(tmp_path), log_file=str(tmp_path / "m.jsonl"),
                          plot_file=str(tmp_path / "rdf.png"))
     trainer.initialize_trajstates()
     trainer.train(40)
     sigma = float(jnp.exp(trainer.params["log_sigma"]))
     records = check_recompute_rule(trainer)
-    assert abs(sigma / SIGMA - 1) < 0.02, sigma
+    assert abs(sigma / SIGMA - 1) < 0.01, sigma
     # the learned potential's RDF from a fresh run of the target's length: the
     # trainer's last prediction is that of the parameters before the last
-    # step, reweighted, and (with a constant RMSprop step of about 1 % in
-    # sigma) scatters by up to 2e-3 where this one is 2-3e-4 (issue 31)
+    # step, reweighted, and scatters more (issue 31)
     rdf, _, _ = lj["measure"](sigma, EPSILON, seed=7, start=lj["R0"])
     mse = np.mean((rdf - lj["rdf"]) ** 2)
     assert mse < 1e-3, mse
