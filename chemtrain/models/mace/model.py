@@ -390,8 +390,9 @@ def node_energies(params, cfg: MaceConfig, vectors, senders, receivers, edge_mas
         spoly = symmetric_descriptor(layer.target_irreps, sym_out, layer.correlation)
         # vmap_safe: each atom's weights are gathered here rather than passed through
         # cuex's ``indices``: with cuequivariance-jax 0.13 the gradient of an
-        # indexed, un-batched input is wrong under jax.vmap (as the trainers
-        # call energy functions); tests/models/mace/test_model.py checks the gradient.
+        # indexed, un-batched input is wrong under jax.vmap (as MD, calculators
+        # and DiffTRe's potential-dependent quantities call the single-structure
+        # energy); tests/models/mace/test_model.py checks the gradient.
         [hs] = cuex.segmented_polynomial(
             spoly, [p_prod["symmetric"][element] if vmap_safe else p_prod["symmetric"], flat(msg)],
             [jax.ShapeDtypeStruct((n, spoly.outputs[0].size), dtype)],
