@@ -33,7 +33,7 @@ import numpy as np
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 from ase.stress import full_3x3_to_voigt_6_stress
 
-from chemtrain.calculator_models import NM, MaceModel, TemplateModel
+from chemtrain.calculator_models import MaceModel, TemplateModel
 from chemtrain.neighbors import host_edges
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,9 @@ class ChemtrainCalculator(Calculator):
       energy_fn_template: ``params -> energy_fn(positions, neighbor,
         **kwargs)``, with positions in nm and the energy in kJ/mol.
       params: the template's parameters (pytree).
-      cutoff: the template's cutoff in nm (not Angstrom).
+      cutoff: the neighbor list's cutoff in nm (not Angstrom), at least the
+        template's range where it states one
+        (:attr:`chemtrain.models.EnergyTemplate.cutoff`); None: that range.
       neighbor_format: the jax-md neighbor-list format the energy function
         gets: ``'sparse'``, ``'dense'`` or ``'ordered_sparse'``.
       species_kwarg: the keyword of ``energy_fn`` that receives the atomic
@@ -104,7 +106,8 @@ class ChemtrainCalculator(Calculator):
       **kwargs: passed on to ``ase.calculators.calculator.Calculator``.
 
     Raises:
-      ValueError: if ``neighbor_format`` is not one of the three formats,
+      ValueError: if ``cutoff`` is below the template's range (or None for
+        a template that states none), ``neighbor_format`` is not one of the three formats,
         ``growth`` <= 1, ``capacity`` < 1, ``dtype`` is neither float32 nor
         float64, or ``dtype`` is float64 while JAX runs without
         ``jax_enable_x64``.
@@ -112,13 +115,13 @@ class ChemtrainCalculator(Calculator):
 
     implemented_properties = ["energy", "free_energy", "forces", "stress"]
 
-    def __init__(self, energy_fn_template, params, cutoff: float, *, neighbor_format: str = "sparse",
+    def __init__(self, energy_fn_template, params, cutoff: float | None, *, neighbor_format: str = "sparse",
                  species_kwarg: str | None = "species", capacity: int | None = None,
                  growth: float = 1.5, dtype=None, **kwargs):
         super().__init__(**kwargs)
         if neighbor_format not in FORMATS:
             raise ValueError(f"neighbor_format must be one of {FORMATS}, got {neighbor_format!r}.")
-        self._setup(TemplateModel(energy_fn_template, float(cutoff) / NM, neighbor_format,
+        self._setup(TemplateModel(energy_fn_template, cutoff, neighbor_format,
                                   species_kwarg), params, capacity, growth, dtype)
 
     @classmethod
@@ -129,9 +132,12 @@ class ChemtrainCalculator(Calculator):
         :class:`~chemtrain.models.mace.MaceConfig` given with ``params``.
         ``method`` is cuequivariance-jax's execution method (default: the
         best for the backend). ``head`` picks a head of a multi-head model
-        by name or index (default: the first), as mace-torch's
-        ``MACECalculator(..., head=...)``; an unknown head raises
-        ``ValueError`` naming the model's heads."""
+        by name or index, as mace-torch's ``MACECalculator(..., head=...)``;
+        by default, as there, the head named ``'Default'`` (after a replay
+        fine-tuning: the fine-tuned head, not the foundation's ``pt_head``),
+        and a model of several heads none of which is ``'Default'`` must be
+        given one. ``calc.model.head`` names the head evaluated. An unknown
+        head raises ``ValueError`` naming the model's heads."""
         from chemtrain.models import mace
         if isinstance(model, mace.MaceConfig):
             if params is None:
@@ -235,7 +241,7 @@ class CommitteeCalculator(ChemtrainCalculator):
         ``[trainer.member(k) for k in range(K)]`` of an
         :class:`~chemtrain.trainers.EnsembleOfModels`), or one pytree whose
         leaves stack the members on axis 0 (``trainer.params``).
-      cutoff: the template's cutoff in nm.
+      cutoff: as in :class:`ChemtrainCalculator` (nm; None: the template's range).
       **kwargs: the other keywords of :class:`ChemtrainCalculator`.
 
     Raises:
@@ -245,25 +251,28 @@ class CommitteeCalculator(ChemtrainCalculator):
 
     implemented_properties = ["energy", "free_energy", "forces", "stress"]
 
-    def __init__(self, energy_fn_template, members, cutoff: float, *,
+    def __init__(self, energy_fn_template, members, cutoff: float | None, *,
                  neighbor_format: str = "sparse", species_kwarg: str | None = "species",
                  capacity: int | None = None, growth: float = 1.5, dtype=None, **kwargs):
         from chemtrain.learn.ensemble import as_stacked
         Calculator.__init__(self, **kwargs)
         if neighbor_format not in FORMATS:
             raise ValueError(f"neighbor_format must be one of {FORMATS}, got {neighbor_format!r}.")
-        self._setup(TemplateModel(energy_fn_template, float(cutoff) / NM, neighbor_format,
+        self._setup(TemplateModel(energy_fn_template, cutoff, neighbor_format,
                                   species_kwarg, members=True), as_stacked(members), capacity,
                     growth, dtype)
 
     @classmethod
     def from_mace(cls, models, params=None, *, method: str | None = None,
-                  capacity: int | None = None, growth: float = 1.5, dtype=None, **kwargs):
+                  capacity: int | None = None, growth: float = 1.5, dtype=None, head=None,
+                  **kwargs):
         """A committee of chemtrain MACE models: ``models`` is a list of paths
         of files written by :func:`chemtrain.models.mace.save` (all of one
         architecture), or one :class:`~chemtrain.models.mace.MaceConfig`
         given with ``params`` (the members' parameters, as for the
-        constructor). ``method`` as in :meth:`ChemtrainCalculator.from_mace`.
+        constructor). ``method`` and ``head`` (every member's; default as
+        there: ``'Default'`` of a model of several heads) as in
+        :meth:`ChemtrainCalculator.from_mace`.
 
         Raises:
           ValueError: a file of another architecture than the first (named),
@@ -292,8 +301,8 @@ class CommitteeCalculator(ChemtrainCalculator):
             members = [p for _, p in loaded]
         self = cls.__new__(cls)
         Calculator.__init__(self, **kwargs)
-        self._setup(MaceModel(cfg, method, members=True), as_stacked(members), capacity, growth,
-                    dtype)
+        self._setup(MaceModel(cfg, method, members=True, head=head), as_stacked(members),
+                    capacity, growth, dtype)
         return self
 
     @property

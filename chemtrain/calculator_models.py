@@ -36,7 +36,11 @@ class MaceModel:
     def __init__(self, cfg, method=None, members: bool = False, head=None):
         self.cfg = cfg
         self.cutoff = float(cfg.r_max)
-        head = None if head is None else cfg.head_index(head)
+        from chemtrain.models.mace.heads import default_head
+        # the head mace-torch's MACECalculator evaluates (a model of several:
+        # 'Default', the fine-tuned one); None keeps a one-head model's function
+        head = None if head is None and cfg.num_heads == 1 else default_head(cfg, head)
+        self.head = cfg.heads[0 if head is None else head]
         self._fn, self._traces = mace_function(cfg, method, members, head)
         self._table = cfg.element_table()
 
@@ -105,6 +109,30 @@ def mace_function(cfg, method, members: bool = False, head: int | None = None):
 _MACE_FUNCTIONS = {}
 
 
+def list_cutoff(template, cutoff) -> float:
+    """The calculator's neighbor-list cutoff in nm: ``cutoff`` (nm), or the
+    template's range (:attr:`chemtrain.models.EnergyTemplate.cutoff`) when
+    None. A cutoff below the template's range is refused: the pairs in
+    between would be left out without a word."""
+    from chemtrain.models.template import as_template
+    reach = as_template(template).cutoff
+    if cutoff is None:
+        if reach is None:
+            raise ValueError("cutoff=None takes the template's range, but this template does "
+                             "not state one: give the cutoff in nm, or wrap the template in "
+                             "chemtrain.models.EnergyTemplate(fn, cutoff=...).")
+        return float(reach)
+    cutoff = float(cutoff)
+    if not cutoff > 0 or not np.isfinite(cutoff):
+        raise ValueError(f"cutoff must be a positive distance in nm, got {cutoff!r}.")
+    if reach is not None and reach > cutoff * (1 + 1e-6) + 1e-12:
+        raise ValueError(f"The energy model reaches {reach:g} nm, but the calculator's neighbor "
+                         f"list would hold pairs only up to cutoff={cutoff:g} nm, so the pairs "
+                         f"in between would be left out without a word. Give a cutoff of at "
+                         f"least {reach:g} nm (or None: the model's range).")
+    return cutoff
+
+
 class TemplateModel:
     """A chemtrain energy template (nm, kJ/mol) on a jax-md-style neighbor
     list built on the host (minimum image in periodic cells). With
@@ -114,7 +142,7 @@ class TemplateModel:
     def __init__(self, template, cutoff, neighbor_format, species_kwarg, members: bool = False):
         import jax
         self.template = template
-        self.cutoff = float(cutoff)
+        self.cutoff = list_cutoff(template, cutoff) / NM    # Angstrom
         self.format = neighbor_format
         self.species_kwarg = species_kwarg
         self._traces = [0]

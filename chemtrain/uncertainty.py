@@ -22,8 +22,10 @@ from typing import Sequence
 
 import numpy as np
 
+from chemtrain import units
+
 __all__ = ["committee_forces", "scores", "rank", "select", "calibration", "fit_scale",
-           "plot_calibration", "as_frames", "SCORES"]
+           "plot_calibration", "as_frames", "check_informative", "SCORES"]
 
 #: per-structure uncertainty scores :func:`select` can rank by
 SCORES = ("forces_std", "forces_std_mean", "energy_std")
@@ -120,6 +122,32 @@ def rank(values, n: int) -> np.ndarray:
     return np.argsort(-np.asarray(values), kind="stable")[:n]
 
 
+def check_informative(score, by: str = "forces_std") -> None:
+    """Refuse scores that cannot rank anything: every one zero (or not
+    finite) means the members agree everywhere (one model given twice, or
+    members that never trained apart), and a ranking would return the
+    pool's first structures.
+
+    Args:
+      score: the per-structure scores (:func:`scores`).
+      by: the score's name, for the message.
+
+    Raises:
+      ValueError: naming the fix.
+    """
+    score = np.asarray(score, np.float64)
+    if not np.all(np.isfinite(score)):
+        bad = np.nonzero(~np.isfinite(score))[0]
+        raise ValueError(f"The committee's {by} is not finite on structure(s) "
+                         f"{bad[:10].tolist()}: check those structures and the members.")
+    if not np.any(score > 0):
+        raise ValueError(f"The committee's members agree on every structure ({by} 0 on all "
+                         f"{len(score)}): they are one model (a file given twice?) or members "
+                         f"that never trained apart, and a ranking would only return the "
+                         f"pool's first structures. Use members trained from different seeds "
+                         f"or on bootstrap samples (chemtrain-finetune --ensemble_size K).")
+
+
 def select(committee, pool, n: int, by: str = "forces_std") -> np.ndarray:
     """The indices of the ``n`` most uncertain structures of ``pool``.
 
@@ -137,13 +165,15 @@ def select(committee, pool, n: int, by: str = "forces_std") -> np.ndarray:
 
     Raises:
       ValueError: unknown ``by``, ``n`` out of range, a structure without
-        positions.
+        positions, scores that rank nothing (:func:`check_informative`).
     """
     if by not in SCORES:
         raise ValueError(f"by must be one of {SCORES}, got {by!r}.")
     frames = _frames(pool)
     _check_n(n, len(frames))   # before the committee runs
-    return rank(scores(committee, frames, by), n)
+    score = scores(committee, frames, by)
+    check_informative(score, by)
+    return rank(score, n)
 
 
 def _errors(predictions, reference_forces):
@@ -162,8 +192,36 @@ def _errors(predictions, reference_forces):
         comp_std.append(std.ravel())
         rmse.append(np.sqrt(np.mean(err ** 2)))
         spread.append(np.sqrt(np.mean(std ** 2)))
+    _check_units(predictions, reference_forces)
     return (np.concatenate(comp_err), np.concatenate(comp_std), np.array(rmse),
             np.array(spread))
+
+
+#: eV/Angstrom -> kJ/mol/nm (chemtrain's Python units), about 964.85
+_KJ_MOL_NM = units.force_factor(units.EV_TO_KJ_PER_MOL, units.ANGSTROM_TO_NM)
+
+
+def _check_units(predictions, reference_forces) -> None:
+    """Refuse reference forces that cannot be in eV/Angstrom: an RMS
+    component above 10 eV/Angstrom that is also above 100 eV/Angstrom or 30
+    times the committee's own (e.g. chemtrain's kJ/mol/nm, x964.85)."""
+    ref = np.sqrt(np.mean(np.concatenate([np.ravel(f) for f in reference_forces]) ** 2))
+    pred = np.sqrt(np.mean(np.concatenate([np.ravel(p["forces"]) for p in predictions]) ** 2))
+    if ref > 10.0 and (ref > 100.0 or ref > 30.0 * pred):
+        raise ValueError(
+            f"The reference forces have an RMS component of {ref:.4g}, the committee's "
+            f"{pred:.4g} eV/Angstrom: they are not in eV/Angstrom (the calculator's unit). "
+            f"Forces in chemtrain's kJ/mol/nm (e.g. a dataset's 'F') must be divided by "
+            f"{_KJ_MOL_NM:.2f} (chemtrain.units.force_factor(EV_TO_KJ_PER_MOL, "
+            f"ANGSTROM_TO_NM)).")
+
+
+def _check_scale(scale) -> float:
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.number)) \
+            or not np.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a finite number > 0 (1: the raw spread; fit_scale(...) "
+                         f"of a validation set: calibrated), got {scale!r}.")
+    return float(scale)
 
 
 def fit_scale(predictions, reference_forces) -> float:
@@ -177,9 +235,18 @@ def fit_scale(predictions, reference_forces) -> float:
 
     Returns:
       The scale factor.
+
+    Raises:
+      ValueError: reference forces that are not in eV/Angstrom (e.g.
+        kJ/mol/nm, see :func:`calibration`), or members that agree on every
+        force component (no spread to scale).
     """
     err, std, _, _ = _errors(predictions, reference_forces)
     keep = std > 0
+    if not keep.any():
+        raise ValueError("The committee's members agree on every force component (spread 0): "
+                         "there is no spread to scale. Use members trained apart (different "
+                         "seeds or bootstrap samples).")
     return float(np.sqrt(np.mean((err[keep] / std[keep]) ** 2)))
 
 
@@ -200,8 +267,15 @@ def calibration(predictions, reference_forces, scale: float = 1.0) -> dict:
       (Gaussian: 0.683, 0.954, 0.997); ``scale``; ``n_structures``;
       ``per_structure`` ``{"predicted": [...], "actual": [...]}`` in
       eV/Angstrom.
+
+    Raises:
+      ValueError: a ``scale`` that is not a finite number > 0; reference
+        forces of another shape, or not in eV/Angstrom: an RMS component
+        above 10 eV/Angstrom and above 100 eV/Angstrom or 30 times the
+        committee's (chemtrain's kJ/mol/nm must be divided by 964.85).
     """
     from scipy.stats import spearmanr
+    scale = _check_scale(scale)
     err, std, rmse, spread = _errors(predictions, reference_forces)
     rho = float(spearmanr(spread, rmse).statistic) if len(rmse) > 1 else float("nan")
     return {"spearman": rho, "scale": float(scale), "n_structures": len(rmse),

@@ -95,7 +95,8 @@ def _write_api_pages():
 #: chemtrain-finetune flags that mean what mace-torch's ``mace_run_train`` flag of the same name means
 MACE_TORCH_FLAGS = {
     "train_file", "valid_file", "test_file", "valid_fraction", "energy_key", "forces_key",
-    "stress_key", "foundation_model", "E0s", "energy_weight", "forces_weight", "stress_weight",
+    "stress_key", "foundation_model", "foundation_head", "E0s", "energy_weight",
+    "forces_weight", "stress_weight",
     "num_channels", "max_L", "max_ell", "correlation", "r_max", "num_interactions",
     "num_radial_basis", "num_cutoff_basis", "radial_MLP", "MLP_irreps", "batch_size",
     "max_num_epochs", "lr", "seed", "default_dtype", "results_dir", "restart_latest", "name",

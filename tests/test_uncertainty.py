@@ -87,3 +87,45 @@ def test_select_refuses_bad_input(lj_committee):
         select(committee, [pool[0], {"numbers": [18]}], 1)
     with pytest.raises(ValueError, match="Structure 0 of the pool has no positions"):
         select(committee, [ase.Atoms()], 1)
+
+
+def test_meaningless_input_is_refused(lj_committee):
+    """Input that gave numbers without meaning before: a committee of one
+    model twice, a scale that is no scale, reference forces in kJ/mol/nm."""
+    template, members, committee = lj_committee
+    pool = _pool(3)
+    twice = CommitteeCalculator(template, [members[0], members[0]], 0.85, dtype="float64")
+    with pytest.raises(ValueError, match=r"members agree on every structure \(forces_std 0 on "
+                                         r"all 3\)"):
+        select(twice, pool, 1)
+    preds = committee_forces(committee, pool)
+    reference = []
+    for atoms in pool:   # the first member's forces, eV/Angstrom
+        a = atoms.copy()
+        a.calc = ChemtrainCalculator(template, members[0], 0.85, dtype="float64")
+        reference.append(a.get_forces())
+    scale = fit_scale(preds, reference)
+    assert np.isfinite(scale) and scale > 0
+    for bad in (0.0, -1.0, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match="scale must be a finite number > 0"):
+            calibration(preds, reference, scale=bad)
+    in_kj_mol_nm = [f * 964.853 for f in reference]
+    for fn in (fit_scale, calibration):
+        with pytest.raises(ValueError, match=r"not in eV/Angstrom .* divided by 964\.85"):
+            fn(preds, in_kj_mol_nm)
+    with pytest.raises(ValueError, match="no spread to scale"):
+        fit_scale(committee_forces(twice, pool), reference)
+
+
+def test_calculator_cutoff_below_the_templates_range_is_refused(lj_committee):
+    """The calculators compare their neighbor list's cutoff with the
+    template's range (0.85 nm here): a 0.5 nm list misses every pair beyond."""
+    template, members, _ = lj_committee
+    with pytest.raises(ValueError, match=r"reaches 0\.85 nm, but .* cutoff=0\.5 nm"):
+        ChemtrainCalculator(template, members[0], 0.5)
+    with pytest.raises(ValueError, match=r"reaches 0\.85 nm"):
+        CommitteeCalculator(template, members, 0.5)
+    calc = ChemtrainCalculator(template, members[0], None, dtype="float64")
+    assert calc.model.cutoff == pytest.approx(8.5)   # the template's range, in Angstrom
+    with pytest.raises(ValueError, match="does not state one"):
+        ChemtrainCalculator(lambda p: template(p), members[0], None)

@@ -68,7 +68,8 @@ def run(argv=None) -> dict:
       ``train_file`` and ``config`` (the MACE configuration as a dict). On
       the root process also the paths ``model_npz``, ``model_torch`` (unless
       ``--no_torch_export``) and ``curve_plot`` (when a learning curve was
-      drawn).
+      drawn); a committee's ``members_npz`` and ``members_torch``.
+      ``results.json`` records these files relative to ``--results_dir``.
 
     Raises:
       DataError: for bad flags or data (a ``--results_dir`` that cannot be
@@ -108,10 +109,9 @@ def run(argv=None) -> dict:
     # the starting model
     if args.foundation_model:
         cfg, params = M.load_foundation(args.foundation_model, args.trust_foundation_model)
-        if cfg.num_heads > 1:   # as mace-torch: fine-tune the first head's model
-            cfg, params = mace.select_head(cfg, params, cfg.heads[0])
-            notes.append(f"{args.foundation_model} has several heads: fine-tuning its first, "
-                         f"{cfg.heads[0]!r}.")
+        cfg, params, head_note = M.foundation_head(cfg, params, args.foundation_model,
+                                                   args.foundation_head)
+        notes += [head_note] if head_note else []
         for s in everything:
             M.check_elements(cfg, s["species"], s["mask"], args.foundation_model)
         M.check_sizes_unused(cfg, args, size_flags, args.foundation_model)
@@ -320,7 +320,7 @@ def run(argv=None) -> dict:
             results["curve_plot"] = curve
         results.update(M.write_models(out, args, cfg, trainer, final))
         with open(os.path.join(out, "results.json"), "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump(M.relative_files(results, out), f, indent=1)
         say(f"Parity plot: {plot}" + (f"; learning curve: {curve}" if "curve_plot" in results else ""))
         say(R.models_note(results, args.default_dtype))
     return results

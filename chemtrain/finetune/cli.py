@@ -154,6 +154,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--foundation_model",
                    help="start from a mace-torch .model file or a chemtrain MACE .npz "
                         "(default: a randomly initialised MACE of the size below)")
+    g.add_argument("--foundation_head",
+                   help="the head of a --foundation_model of several heads to fine-tune "
+                        "(default, as mace-torch: the first that is not 'pt_head')")
     g.add_argument("--trust_foundation_model", action="store_true",
                    help="chemtrain: a .model file is a pickle that can run code; read it only "
                         "from a source you trust")

@@ -96,6 +96,27 @@ def load_foundation(path: str, trusted: bool):
         raise DataError(f"{e} Here: pass --trust_foundation_model if you trust {path!r}.") from None
 
 
+def foundation_head(cfg, params, path: str, head: str | None):
+    """(cfg, params, note) of the one head a fine-tuning starts from: a
+    model of several heads is cut to ``--foundation_head``, else (as
+    mace-torch) to its first head that is not ``pt_head``, so that a model
+    of an earlier replay fine-tuning goes on from its fine-tuned head."""
+    from ..models import mace
+    if cfg.num_heads == 1 and head is None:
+        return cfg, params, None
+    try:
+        name = cfg.heads[mace.finetuned_head(cfg, head)]
+    except ValueError as e:
+        raise DataError(f"--foundation_head {head!r}: {e}") from None
+    if cfg.num_heads == 1:
+        return cfg, params, None
+    heads = list(cfg.heads)
+    cfg, params = mace.select_head(cfg, params, name)
+    why = "" if head is not None else (" (the first that is not 'pt_head', as mace-torch; "
+                                       "choose another with --foundation_head)")
+    return cfg, params, f"{path} has the heads {heads}: fine-tuning {name!r}{why}."
+
+
 def check_elements(cfg, species, mask, path: str) -> None:
     present = np.unique(np.asarray(species)[np.asarray(mask, bool)])
     missing = sorted(set(present.tolist()) - set(cfg.atomic_numbers))
@@ -255,3 +276,15 @@ def write_models(out: str, args, cfg, trainer, params) -> dict:
     if one:
         return {"model_npz": npz[0], **({"model_torch": torch[0]} if torch else {})}
     return {"members_npz": npz, **({"members_torch": torch} if torch else {})}
+
+
+FILE_KEYS = ("model_npz", "model_torch", "members_npz", "members_torch", "curve_plot")
+
+
+def relative_files(results: dict, out: str) -> dict:
+    """``results`` with the files it names relative to ``out`` (the
+    ``--results_dir``), as ``results.json`` records them: a folder copied or
+    moved elsewhere then still names its own files."""
+    rel = lambda p: os.path.relpath(p, out)  # noqa: E731
+    return {k: ([rel(p) for p in v] if isinstance(v, list) else rel(v))
+            if k in FILE_KEYS else v for k, v in results.items()}

@@ -107,16 +107,36 @@ def heads_model(foundation_cfg, cfg, params):
     return mace.add_head(base, params, FT_HEAD, e0s=e0s, copy_from=0)
 
 
+#: the most copies of the fine-tuning structures replay makes in an epoch
+MAX_COPIES = 1000
+
+
+def repeats(n_ft: int, n_pt: int, threshold: float) -> int:
+    """How often replay puts each fine-tuning structure in an epoch: once,
+    plus ``int(threshold / ratio)`` when the ratio ``n_ft / n_pt`` is below
+    ``threshold`` (mace-torch's rule). More than :data:`MAX_COPIES` is
+    refused (DataError naming the size it would give): an epoch of millions
+    of copies of a few structures is a mistyped threshold, not a recipe."""
+    ratio = n_ft / n_pt
+    copies = 1 + (int(threshold / ratio) if ratio < threshold else 0)
+    if copies > MAX_COPIES:
+        raise DataError(
+            f"--real_pt_data_ratio_threshold {threshold:g} would repeat the {n_ft} fine-tuning "
+            f"structures {copies} times against {n_pt} replayed ones ({n_ft * copies} "
+            f"structures in every epoch); at most {MAX_COPIES} copies are made. mace-torch's "
+            f"default is 0.1 (fine-tuning structures at least a tenth of the replayed ones): "
+            f"give a threshold below {(MAX_COPIES - 1) * ratio:.3g}, or replay fewer "
+            f"structures (--pt_train_file).")
+    return copies
+
+
 def combine(train: dict, pt: dict, args) -> tuple[dict, str]:
     """One raw training set: the fine-tuning structures (``head`` 1, repeated
     as mace-torch repeats them) and the replayed ones (``head`` 0), with the
     per-structure loss weight ``head_weight`` (``--weight_pt_head`` on the
     replayed ones); and a note of the mix."""
     n_ft, n_pt = len(train["R"]), len(pt["R"])
-    ratio = n_ft / n_pt
-    copies = 1
-    if ratio < args.real_pt_data_ratio_threshold:
-        copies += int(args.real_pt_data_ratio_threshold / ratio)
+    copies = repeats(n_ft, n_pt, args.real_pt_data_ratio_threshold)
     ft = D.take(train, np.tile(np.arange(n_ft), copies))
     ft["head"] = np.full(len(ft["R"]), 1, np.int32)
     pt = dict(pt, head=np.zeros(n_pt, np.int32))

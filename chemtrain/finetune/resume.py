@@ -13,6 +13,7 @@ import os
 
 from . import data as D
 from . import model as M
+from . import replay as P
 from . import training as T
 from ..checkpoint import why_not_writable
 from ..parallel.failures import is_raised_everywhere, raised_everywhere
@@ -74,6 +75,19 @@ def setup_record(args, sets: dict, rows: dict, model_flags: bool) -> dict:
                 "--swa (first epoch of stage two)": T.stage_two_start(args),
                 "--amsgrad": args.amsgrad, "--clip_grad": args.clip_grad,
                 "--weight_decay": args.weight_decay})
+    # the loss: its scale is what the best epoch (--export_model best) and a
+    # plateau compare across the resume
+    replay = P.active(args)
+    out.update({"--loss": args.loss,
+                "--huber_delta": args.huber_delta if args.loss != "weighted" else None,
+                "--energy_weight": args.energy_weight, "--forces_weight": args.forces_weight,
+                "--stress_weight": args.stress_weight,
+                "--swa_energy_weight, --swa_forces_weight, --swa_stress_weight":
+                    [args.swa_energy_weight, args.swa_forces_weight, args.swa_stress_weight]
+                    if args.swa else None,
+                "--weight_pt_head": args.weight_pt_head if replay else None,
+                "--real_pt_data_ratio_threshold":
+                    args.real_pt_data_ratio_threshold if replay else None})
     return out
 
 

@@ -35,6 +35,8 @@ def parser() -> argparse.ArgumentParser:
                                                  "reads)")
     p.add_argument("--n", type=_AT_LEAST_ONE, required=True, help="how many to pick")
     p.add_argument("--out", required=True, help="where to write the picked structures (extxyz)")
+    p.add_argument("--head", help="the head of members of several heads (default, as "
+                                  "mace-torch's calculator: the one named 'Default')")
     p.add_argument("--by", default="forces_std", choices=SCORES,
                    help="the score: the largest atom's force spread (default), the mean over "
                         "atoms, or the energy spread per atom")
@@ -49,10 +51,15 @@ def members_of(model_dir: str) -> list[str]:
 
     Returns:
       The paths, in member order: ``results.json``'s ``members_npz`` where
-      it lists them, else every ``*_member<k>.npz`` of the folder.
+      it lists them, else every ``*_member<k>.npz`` of the folder. Listed
+      members are always read from ``model_dir`` itself (by file name), so
+      a copied or moved folder reads its own members, never the files at
+      the path the run was written to (older ``results.json`` files hold
+      absolute paths).
 
     Raises:
-      DataError: the folder does not exist or holds no committee.
+      DataError: the folder does not exist or holds no committee, or a
+        member ``results.json`` lists is not in it.
     """
     if not os.path.isdir(model_dir):
         raise DataError(f"--model_dir {model_dir!r} is not a folder.")
@@ -61,8 +68,13 @@ def members_of(model_dir: str) -> list[str]:
         with open(record) as f:
             listed = json.load(f).get("members_npz")
         if listed:
-            return [p if os.path.isabs(p) else os.path.join(model_dir, os.path.basename(p))
-                    for p in listed]
+            here = [os.path.join(model_dir, os.path.basename(p)) for p in listed]
+            missing = [os.path.basename(p) for p in here if not os.path.exists(p)]
+            if missing:
+                raise DataError(f"{record!r} lists the members {missing}, which are not in "
+                                f"--model_dir {model_dir!r} (a copy of the folder without its "
+                                f"models?). Copy them in, or give the files with --models.")
+            return here
     found = glob.glob(os.path.join(model_dir, "*_member*.npz"))
     found.sort(key=lambda p: int(re.search(r"_member(\d+)\.npz$", p).group(1))
                if re.search(r"_member(\d+)\.npz$", p) else -1)
@@ -85,23 +97,32 @@ def run(argv=None) -> list[int]:
     import ase.io
     import numpy as np
     from ..calculator import CommitteeCalculator
-    from ..uncertainty import as_frames, rank, scores
+    from ..uncertainty import as_frames, check_informative, rank, scores
     if bool(args.model_dir) == bool(args.models):
         raise DataError("Give the committee either as --model_dir or as --models, not both "
                         "(nor neither).")
     paths = args.models or members_of(args.model_dir)
     if len(paths) < 2:
         raise DataError(f"A committee needs at least 2 members, --models gives {len(paths)}.")
+    real = [os.path.realpath(p) for p in paths]
+    twice = sorted({p for p, r in zip(paths, real) if real.count(r) > 1})
+    if twice:
+        raise DataError(f"The committee holds the same file more than once ({twice}): its "
+                        f"members would agree everywhere. Give each member's file once.")
     if os.path.exists(args.out):
         raise DataError(f"--out {args.out!r} exists; choose a new file (nothing is written over).")
     try:
-        committee = CommitteeCalculator.from_mace(paths)
+        committee = CommitteeCalculator.from_mace(paths, head=args.head)
         frames = as_frames(args.pool, f"pool {args.pool!r}")
     except (ValueError, FileNotFoundError) as e:
         raise DataError(str(e)) from e
     if args.n > len(frames):
         raise DataError(f"--n {args.n} is more than the pool's {len(frames)} structures.")
     score = scores(committee, frames, args.by)
+    try:
+        check_informative(score, args.by)
+    except ValueError as e:
+        raise DataError(str(e)) from None
     picked = rank(score, args.n)
     out = []
     for i in picked:

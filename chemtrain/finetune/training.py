@@ -12,6 +12,11 @@ MACE_TORCH_FREEZE = ((1, "embedding"), (5, "interactions"), (6, "products"), (7,
 # flag -> (what must hold for it to mean anything, why)
 DEPENDENT = {
     "ema_decay": (lambda a: a.ema, "--ema_decay is the decay of --ema; add --ema"),
+    "foundation_head": (lambda a: a.foundation_model is not None,
+                        "--foundation_head picks a head of --foundation_model; add it"),
+    "ensemble_bootstrap": (lambda a: a.ensemble_size > 1,
+                           "--ensemble_bootstrap draws a bootstrap sample for each member of a "
+                           "committee; add --ensemble_size K (K >= 2)"),
     "huber_delta": (lambda a: a.loss in ("huber", "universal"),
                     "--huber_delta is the threshold of --loss huber or universal, but --loss is "
                     "'weighted' (squared errors)"),
@@ -163,12 +168,13 @@ def losses(args) -> tuple[dict, bool]:
     threshold of delta eV is delta x ENERGY kJ/mol, and so on, so that with
     the weights of :func:`chemtrain.finetune.model.gammas` the loss is
     mace-torch's in eV and Angstrom."""
-    from ..learn.losses import TargetLoss, conditional_huber, huber
+    from ..learn.losses import MACE_TORCH_EDGES_EV_PER_A, TargetLoss, conditional_huber, huber
     if args.loss == "weighted":
         return {}, False
     d = args.huber_delta
     forces = (huber(d * FORCE) if args.loss == "huber" else
-              conditional_huber(d * FORCE, edges=tuple(e * FORCE for e in (100.0, 200.0, 300.0))))
+              conditional_huber(d * FORCE, edges=tuple(e * FORCE for e in
+                                                       MACE_TORCH_EDGES_EV_PER_A)))
     out = {"U": TargetLoss(huber(d * ENERGY), per_atom=True), "F": forces,
            "stress": huber(d * STRESS)}
     trained = {"U": args.energy_weight, "F": args.forces_weight, "stress": args.stress_weight}

@@ -135,7 +135,7 @@ def independent_errors(out_dir, data_path):
     import jax.numpy as jnp
     from jax_md import partition, space
     from chemtrain.models import mace
-    results = json.load(open(os.path.join(out_dir, "results.json")))
+    results = read_results(out_dir)
     cfg, params = mace.load(results["model_npz"])
     raw = np.load(data_path)
     rows = np.asarray(results["test_rows"])
@@ -168,7 +168,7 @@ def check_job(text, out_dir, method, n_shards, epochs=1):
     assert (f"Parity plot: {os.path.join(out_dir, 'parity.png')}; learning curve: "
             f"{os.path.join(out_dir, 'curve.png')}") in text
     assert os.path.exists(os.path.join(out_dir, "checkpoints", f"epoch_{epochs:05d}.npz"))
-    results = json.load(open(os.path.join(out_dir, "results.json")))
+    results = read_results(out_dir)
     assert results["parallelism"] == method and results["n_shards"] == n_shards
     assert results["epoch"] == epochs
     assert f"-> {method}, {n_shards} shard(s)" in text
@@ -176,6 +176,17 @@ def check_job(text, out_dir, method, n_shards, epochs=1):
     history = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
     assert [h["epoch"] for h in history] == list(range(epochs))
     return start, results
+
+
+def read_results(out_dir):
+    """results.json, whose files are named relative to the results folder
+    (so that a copied folder names its own), with those files as paths."""
+    results = json.load(open(os.path.join(out_dir, "results.json")))
+    for key in ("model_npz", "model_torch", "curve_plot"):
+        if key in results:
+            assert not os.path.isabs(results[key]) and os.sep not in results[key], results[key]
+            results[key] = os.path.join(out_dir, results[key])
+    return results
 
 
 def check_npz_job(text, data, name, method, n_shards, epochs=1):
@@ -242,7 +253,7 @@ def test_finetune_npz_resume_and_export(data, local_outputs):
     assert check_npz_job(resumed, data, "npz_single", "single", 1, epochs=2) == \
         "restored model (epoch 1)"
     assert LINE.findall(first)[1][1:] == LINE.findall(resumed)[0][1:]
-    results = json.load(open(out / "results.json"))
+    results = read_results(out)
     torch_matches(results, nanotubes(results["test_rows"]), "float32")
 
 
@@ -253,7 +264,7 @@ def test_finetune_from_mace_torch(data, local_outputs, foundation):
     assert f"Fine-tuning {foundation}:" in text and "No --foundation_model" not in text
     assert check_npz_job(text, data, "npz_foundation", "single", 1) == "starting model"
     from chemtrain.models import mace
-    results = json.load(open(data["dir"] / "npz_foundation" / "results.json"))
+    results = read_results(data["dir"] / "npz_foundation")
     cfg, _ = mace.load(results["model_npz"])
     assert cfg.atomic_numbers == (1, 6, 8) and cfg.r_max == 4.0
     assert cfg.atomic_energies[2] == -3.0 and cfg.atomic_energies[:2] != (-1.0, -2.0)

@@ -69,6 +69,46 @@ def test_replay_model_has_mace_torch_heads_and_loads_in_mace_torch(replay):
     assert a.get_potential_energy() != pytest.approx(b.get_potential_energy(), rel=1e-6)
 
 
+def test_calculators_default_to_the_fine_tuned_head(replay):
+    """The load line chemtrain-finetune prints (from_mace without head=)
+    evaluates the head that was tested and reported, 'Default', as
+    mace-torch's MACECalculator does; committees take head=; a further
+    fine-tuning starts from 'Default' too. Before, all three took head 0,
+    the foundation's pt_head."""
+    from chemtrain.calculator import ChemtrainCalculator, CommitteeCalculator
+    from chemtrain.finetune.model import foundation_head
+    from chemtrain.models import mace as cm
+    npz = replay["one"]["model_npz"]
+    atoms = ase.io.read(replay["new"], "1")
+    energy = {}
+    for head in (None, "Default", "pt_head"):
+        a = atoms.copy()
+        a.calc = ChemtrainCalculator.from_mace(npz, head=head)
+        energy[head] = a.get_potential_energy()
+    assert energy[None] == energy["Default"] != energy["pt_head"]
+    assert ChemtrainCalculator.from_mace(npz).model.head == "Default"
+    files = [npz, os.path.join(replay["dir"], "mpi", "model.npz")]
+    for head in (None, "pt_head"):
+        a = atoms.copy()
+        a.calc = CommitteeCalculator.from_mace(files, head=head)
+        a.get_potential_energy()
+        want = energy["Default" if head is None else head]
+        np.testing.assert_allclose(a.calc.results["member_energies"][0], want, rtol=1e-10)
+    cfg, params = cm.load(npz)
+    one, one_params, note = foundation_head(cfg, params, npz, None)
+    assert one.heads == ("Default",) and "fine-tuning 'Default'" in note
+    _, want = cm.select_head(cfg, params, "Default")
+    import jax
+    for x, y in zip(jax.tree.leaves(one_params), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(x, y)
+    assert foundation_head(cfg, params, npz, "pt_head")[0].heads == ("pt_head",)
+    import dataclasses
+    other = dataclasses.replace(cfg, heads=("pt_head", "water"))
+    with pytest.raises(ValueError, match=r"several heads \['pt_head', 'water'\] and none is "
+                                         r"named 'Default'"):
+        ChemtrainCalculator.from_mace(other, params)
+
+
 def test_the_steps_mix_both_sets(replay):
     """(4 new + 8 replayed structures: 8 less int(0.1 x 8) = 0 kept for
     validation, as mace-torch) / batch 2 = 6 steps per epoch."""
@@ -115,4 +155,14 @@ def test_replay_error_cases(replay, capsys, tmp_path):
     assert "--weight_pt_head belong to replay fine-tuning" in err, err
     err = run_error([*base, *foundation, "--pt_train_file", replay["pt"]], capsys)
     assert "cannot use --E0s average" in err, err
+    # 4 fine-tuning structures against 8 replayed: 1 + 200000 copies (it hung before)
+    err = run_error([*base, *foundation, "--pt_train_file", replay["pt"], "--E0s", "foundation",
+                     "--real_pt_data_ratio_threshold", "100000"], capsys)
+    assert ("would repeat the 4 fine-tuning structures 200001 times against 8 replayed ones "
+            "(800004 structures in every epoch); at most 1000 copies") in err, err
+    assert "give a threshold below 500" in err, err
+    err = run_error([*base, *foundation, "--foundation_head", "nope"], capsys)
+    assert "--foundation_head 'nope': The MACE model has no head 'nope'" in err, err
+    err = run_error([*base, "--foundation_head", "Default"], capsys)
+    assert "--foundation_head picks a head of --foundation_model" in err, err
     assert not os.path.exists(out)

@@ -37,8 +37,8 @@ def test_members_are_written_and_differ(committee):
     (_, a), (_, b) = mace.load(files[0]), mace.load(files[1])
     import jax
     assert any(not np.allclose(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-    with open(os.path.join(committee["out"], "results.json")) as f:
-        assert json.load(f)["members_npz"] == files
+    with open(os.path.join(committee["out"], "results.json")) as f:   # relative to the folder
+        assert json.load(f)["members_npz"] == [os.path.basename(f) for f in files]
 
 
 def test_select_picks_as_the_library_does(committee, tmp_path, capsys):
@@ -74,6 +74,44 @@ def test_select_refuses_bad_input(committee, tmp_path, capsys):
     assert "at least 2 members" in capsys.readouterr().err
 
 
+def test_a_copied_folder_reads_its_own_members(committee, tmp_path):
+    """results.json names the members relative to the folder. A copy of an
+    absolute --results_dir (round 1 archived, round 2 trained at the old
+    path) read the old path's members before: another committee."""
+    import shutil
+    from chemtrain.finetune.select import members_of
+    copy = str(tmp_path / "round1")
+    shutil.copytree(committee["out"], copy)
+    assert members_of(copy) == [os.path.join(copy, f"model_member{k}.npz") for k in range(2)]
+    # a results.json of an older chemtrain (absolute paths) is read the same way
+    record = os.path.join(copy, "results.json")
+    with open(record) as f:
+        old = dict(json.load(f), members_npz=committee["results"]["members_npz"])
+    with open(record, "w") as f:
+        json.dump(old, f)
+    assert members_of(copy) == [os.path.join(copy, f"model_member{k}.npz") for k in range(2)]
+    os.remove(os.path.join(copy, "model_member1.npz"))
+    with pytest.raises(Exception, match=r"lists the members \['model_member1.npz'\], which are "
+                                        r"not in --model_dir"):
+        members_of(copy)
+
+
+def test_select_refuses_a_committee_without_spread(committee, tmp_path, capsys):
+    """One member file given twice: every score is 0, and the ranking would
+    be the pool's first structures (returned before without a word)."""
+    from chemtrain.finetune.select import main
+    files = committee["results"]["members_npz"]
+    args = ["--pool", committee["pool"], "--n", "1", "--out", str(tmp_path / "p.xyz")]
+    assert main(["--models", files[0], files[0], *args]) == 2
+    assert "holds the same file more than once" in capsys.readouterr().err
+    copy = str(tmp_path / "copy.npz")
+    import shutil
+    shutil.copy(files[0], copy)
+    assert main(["--models", files[0], copy, *args]) == 2
+    assert "members agree on every structure (forces_std 0 on all 5)" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "p.xyz")
+
+
 def test_committee_flags_are_checked(committee, tmp_path):
     from chemtrain.finetune import DataError, run
     from chemtrain.data.convert import convert
@@ -90,3 +128,17 @@ def test_committee_flags_are_checked(committee, tmp_path):
         run(["--train_file", committee["train"], "--results_dir", committee["out"],
              "--restart_latest", "--ensemble_size", "3", "--default_dtype", "float64",
              "--no_torch_export", *SPLIT, *TINY])
+    # ... and the loss, whose scale the best epoch and a plateau compare
+    resume = ["--train_file", committee["train"], "--results_dir", committee["out"],
+              "--restart_latest", "--ensemble_size", "2", "--default_dtype", "float64",
+              "--no_torch_export", *SPLIT, *TINY]
+    with pytest.raises(DataError, match=r"--loss \(then 'weighted', now 'huber'\)"):
+        run([*resume, "--loss", "huber"])
+    with pytest.raises(DataError, match=r"--forces_weight \(then 1\.0, now 10\.0\)"):
+        run([*resume, "--forces_weight", "10"])
+    # a bootstrap without a committee trained one model on the whole set (rc 0)
+    with pytest.raises(DataError, match=r"--ensemble_bootstrap draws a bootstrap sample for "
+                                        r"each member of a committee; add --ensemble_size"):
+        run(["--train_file", committee["train"], "--results_dir", str(tmp_path / "b"),
+             "--ensemble_bootstrap", *SPLIT, *TINY])
+    assert not os.path.exists(tmp_path / "b")

@@ -23,7 +23,61 @@ import jax.numpy as jnp
 
 from chemtrain.models.mace.model import MaceConfig, irreps
 
-__all__ = ["add_head", "select_head"]
+__all__ = ["add_head", "select_head", "default_head", "finetuned_head", "PT_HEAD"]
+
+#: mace-torch's name of the foundation model's head in a replay fine-tuning
+PT_HEAD = "pt_head"
+
+
+def default_head(cfg: MaceConfig, head=None) -> int:
+    """The head a calculator evaluates, as mace-torch's ``MACECalculator`` picks it.
+
+    ``head`` given: that head (name or index). Otherwise the only head of a
+    model of one, or the head named ``"Default"`` (any case) of a model of
+    several: after a replay fine-tuning (heads ``pt_head`` and ``Default``)
+    the fine-tuned head, not the foundation's.
+
+    Args:
+      cfg: the model configuration.
+      head: a head name or index, or None.
+
+    Returns:
+      The index into ``cfg.heads``.
+
+    Raises:
+      ValueError: an unknown head, or ``head=None`` for a model of several
+        heads none of which is named ``"Default"`` (the message names them).
+    """
+    if head is not None:
+        return cfg.head_index(head)
+    if cfg.num_heads == 1:
+        return 0
+    named = [i for i, h in enumerate(cfg.heads) if h.lower() == "default"]
+    if not named:
+        raise ValueError(f"The MACE model has several heads {list(cfg.heads)} and none is named "
+                         f"'Default': say which to evaluate with head=NAME.")
+    return named[0]
+
+
+def finetuned_head(cfg: MaceConfig, head=None) -> int:
+    """The head a fine-tuning starts from, as mace-torch's ``--foundation_head``
+    picks it: ``head`` when given, else the first head that is not
+    :data:`PT_HEAD` (so a model of an earlier replay fine-tuning is
+    fine-tuned further from its fine-tuned head, not the foundation's).
+
+    Args:
+      cfg: the model configuration.
+      head: a head name or index, or None.
+
+    Returns:
+      The index into ``cfg.heads``.
+
+    Raises:
+      ValueError: an unknown head (the message names the heads there are).
+    """
+    if head is None:
+        head = next((h for h in cfg.heads if h != PT_HEAD), cfg.heads[0])
+    return cfg.head_index(head)
 
 
 def add_head(cfg: MaceConfig, params, name: str, *, e0s=None, copy_from=0):
