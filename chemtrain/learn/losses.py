@@ -46,23 +46,37 @@ def huber(delta: float) -> Callable:
     return loss
 
 
-def conditional_huber(delta: float, edges: Sequence[float] = (100.0, 200.0, 300.0),
+#: mace-torch's edges of the 'universal' loss, in eV/Angstrom
+MACE_TORCH_EDGES_EV_PER_A = (100.0, 200.0, 300.0)
+
+
+def conditional_huber(delta: float, edges: Sequence[float] | None = None,
                       factors: Sequence[float] = (1.0, 0.7, 0.4, 0.1)) -> Callable:
     """Huber's loss on force components whose threshold shrinks for atoms
     with large reference forces (mace-torch's 'universal' loss): an atom
     whose reference force norm lies below ``edges[0]`` gets ``delta x
     factors[0]``, between ``edges[0]`` and ``edges[1]`` ``delta x
-    factors[1]``, and so on. ``edges`` are in the forces' units (mace-torch's
-    are 100, 200, 300 eV/Angstrom). Needs forces of shape (..., 3).
+    factors[1]``, and so on. ``delta`` and ``edges`` are in the forces'
+    units. Needs forces of shape (..., 3).
 
     Args:
-      delta: the threshold of atoms with small reference forces, > 0.
-      edges: increasing reference force norms where the threshold changes.
+      delta: the threshold of atoms with small reference forces, > 0, in the
+        forces' units.
+      edges: increasing reference force norms where the threshold changes,
+        in the forces' units. None: mace-torch's 100, 200 and 300 eV/Angstrom
+        (:data:`MACE_TORCH_EDGES_EV_PER_A`) in kJ/mol/nm, chemtrain's force
+        unit (x964.85), in which :class:`~chemtrain.trainers.ForceMatching`'s
+        data hold forces. Forces in eV/Angstrom: pass ``edges=(100, 200,
+        300)``.
       factors: the threshold's factor in each interval, one more than edges.
 
     Returns:
       ``loss(residual, reference)``, elementwise.
     """
+    if edges is None:
+        from chemtrain import units
+        per = units.force_factor(units.EV_TO_KJ_PER_MOL, units.ANGSTROM_TO_NM)
+        edges = tuple(e * per for e in MACE_TORCH_EDGES_EV_PER_A)
     delta = _positive(delta, "conditional_huber: delta")
     edges, factors = tuple(float(e) for e in edges), tuple(float(f) for f in factors)
     if len(factors) != len(edges) + 1 or list(edges) != sorted(edges):

@@ -85,15 +85,21 @@ class CheckpointStore:
         """Read ``path`` (see :meth:`load`) as a state of ``state``'s class
         and shape, its arrays placed as :meth:`place` does. The checkpoint
         must have been written with the same ``settings`` (``{name: this
-        run's value}``: the number of shards, the batch, ...). Returns (new
-        state, metadata)."""
+        run's value}``: the number of shards, the batch, ...); a setting the
+        file does not record (written before it was) is not compared, with a
+        warning. Returns (new state, metadata)."""
         def check(meta):
-            theirs = {k: meta.get(k) for k in settings}
-            if theirs != dict(settings):
+            unrecorded = [k for k in settings if k not in meta]
+            if unrecorded:
+                log.warning("%s does not record %s (written by an older chemtrain): not "
+                            "compared with this run's.", path, ", ".join(unrecorded))
+            ours = {k: v for k, v in settings.items() if k in meta}
+            theirs = {k: meta[k] for k in ours}
+            if theirs != ours:
                 text = lambda d: ", ".join(f"{k}={v}" for k, v in d.items())  # noqa: E731
                 raise ckpt.CheckpointError(
                     f"{path!r} was written by a run with {text(theirs)}; this run has "
-                    f"{text(settings)}. Resume with the same settings (n_shards: the number of "
+                    f"{text(ours)}. Resume with the same settings (n_shards: the number of "
                     f"devices or MPI ranks).")
             version = meta.get("state_version", 1)
             if version not in READABLE_STATE_VERSIONS:

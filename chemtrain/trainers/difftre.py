@@ -34,7 +34,9 @@ class DifftreParallel(Reweighting):
       key: JAX random key; trajectory keys derive from it, the state point
         and the update count only.
       init_params: initial parameter pytree.
-      optimizer: an ``optax.GradientTransformation``.
+      optimizer: an ``optax.GradientTransformation`` (without
+        ``chemtrain.learn.ema`` or ``reduce_on_plateau``, which only force
+        matching feeds: refused).
       energy_fn_template: ``params -> energy_fn(R, neighbor, **kwargs)``.
       simulator_template: ``energy_fn -> (init, apply)``, a partial of a
         jax-md simulator.
@@ -195,7 +197,9 @@ class Difftre(Reweighting):
 
     Args:
       init_params: initial parameter pytree (floating-point arrays).
-      optimizer: an ``optax.GradientTransformation``.
+      optimizer: an ``optax.GradientTransformation`` (without
+        ``chemtrain.learn.ema`` or ``reduce_on_plateau``, which only force
+        matching feeds: refused).
       reweight_ratio: recompute a trajectory when N_eff < ratio x N, a number
         in [0, 1]; as in :class:`DifftreParallel`.
       sim_batch_size: state points per update (-1: all); a remainder joins

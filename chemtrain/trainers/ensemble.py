@@ -96,6 +96,10 @@ class EnsembleOfModels(ForceMatching):
                          epoch_line=epoch_line, losses=losses,
                          functions=ens.trainer_functions(self.n_members, self.bootstrap))
 
+    def _resume_settings(self) -> dict:
+        # the members' data: a resume that switched bootstrap would change it mid-run
+        return {**super()._resume_settings(), "bootstrap": self.bootstrap}
+
     def member(self, k: int):
         """Member ``k``'s parameters (host numpy), e.g. to export it: its
         moving average when the optimizer keeps one (``eval_params``).

@@ -166,7 +166,12 @@ class ForceMatching(HoldsState):
 
     def _capture(self):
         trees, meta = self.store.host(self.state)
-        return trees, dict(meta, batch=self.batch)
+        return trees, dict(meta, **self._resume_settings())
+
+    def _resume_settings(self) -> dict:
+        """What a checkpoint records and a resume must share, besides the
+        number of shards: the global batch."""
+        return {"batch": self.batch}
 
     # -- data ---------------------------------------------------------------
     @collective
@@ -336,7 +341,7 @@ class ForceMatching(HoldsState):
     @collective
     def restore(self, path: str) -> None:
         """Continue from a checkpoint written by this trainer (read on the root)
-        with the same number of shards and batch."""
+        with the same number of shards and batch (a committee: and bootstrap)."""
         self.state, _ = self.store.restore(
-            path, self.state, {"n_shards": self.strategy.n_shards, "batch": self.batch})
+            path, self.state, {"n_shards": self.strategy.n_shards, **self._resume_settings()})
         self.data.reseed(self.seed)

@@ -60,7 +60,9 @@ class RelativeEntropy(Reweighting):
 
     Args:
       init_params: initial parameter pytree (floating-point arrays).
-      optimizer: an ``optax.GradientTransformation``.
+      optimizer: an ``optax.GradientTransformation`` (without
+        ``chemtrain.learn.ema`` or ``reduce_on_plateau``, which only force
+        matching feeds: refused).
       reweight_ratio: recompute a trajectory when N_eff < ratio x N, a number
         in [0, 1].
       sim_batch_size: state points per update (-1: all); a remainder joins

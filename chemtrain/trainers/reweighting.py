@@ -35,7 +35,8 @@ from . import reweighting_files as files
 from .checkpoints import CheckpointStore
 from .report import Reporter, check_epochs, close_epoch
 from .reweighting_update import (Loop, TimedCollectives, UpdateRefused, apply_update,
-                                 check_arguments, policies, reuses_of)
+                                 check_arguments, check_optimizer_state, policies,
+                                 reuses_of)
 from .services import check_consistency, collective, init_state
 from .state import DifftreState, HoldsState
 from .trajectories import TrajectoryStore
@@ -57,7 +58,9 @@ class Reweighting(HoldsState):
       objective: the method (:class:`~chemtrain.learn.objective.Objective`).
       key: JAX random key or integer seed (None: ``PRNGKey(0)``).
       init_params: initial parameter pytree (floating-point arrays).
-      optimizer: an ``optax.GradientTransformation``.
+      optimizer: an ``optax.GradientTransformation`` (without
+        ``chemtrain.learn.ema`` or ``reduce_on_plateau``, which only force
+        matching feeds: refused).
       trainer_name: the name checkpoints and trajectory files carry.
       state_class: the :class:`~chemtrain.trainers.DifftreState` class (or
         a subclass with a list field per key of ``objective.numbers``).
@@ -119,8 +122,9 @@ class Reweighting(HoldsState):
         self.store = CheckpointStore(self.strategy, checkpoint_path, trainer_name, replicated=())
         _, _, host_params = init_state(self.strategy, init_params, optimizer)
         params = jax.tree.map(jnp.asarray, host_params)
-        opt_state = self.strategy.broadcast_from_root(jax.tree.map(np.asarray,
-                                                                   optimizer.init(params)))
+        opt_state = optimizer.init(params)
+        check_optimizer_state(opt_state, trainer_name)
+        opt_state = self.strategy.broadcast_from_root(jax.tree.map(np.asarray, opt_state))
         self.state = state_class(params, jax.tree.map(jnp.asarray, opt_state))
         self.statepoints: list[StatePoint] = []
         self.trajectories = TrajectoryStore(self.strategy, self.restart)

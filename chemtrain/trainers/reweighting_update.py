@@ -61,6 +61,24 @@ def check_arguments(objective, state_class, optimizer, on_update) -> None:
                         f"{type(optimizer).__name__}.")
 
 
+def check_optimizer_state(opt_state, trainer: str) -> None:
+    """ValueError for the optimizer pieces only force matching runs: a
+    :func:`~chemtrain.learn.optimizers.reduce_on_plateau` is fed an epoch's
+    validation loss and an :func:`~chemtrain.learn.optimizers.ema` average
+    is what force matching validates and exports. A reweighting update has
+    neither, so both would do nothing."""
+    from ..learn import optimizers
+    found = [name for name, present in (
+        ("chemtrain.learn.reduce_on_plateau", optimizers.has_plateau(opt_state)),
+        ("chemtrain.learn.ema", optimizers.averaged(opt_state) is not None)) if present]
+    if found:
+        raise ValueError(f"{trainer}: the optimizer holds {' and '.join(found)}, which only "
+                         f"ForceMatching (and EnsembleOfModels) feed and use: here the plateau "
+                         f"would never see a loss and the average would never be simulated or "
+                         f"saved. Pass the optimizer without them (e.g. an optax schedule for "
+                         f"the learning rate).")
+
+
 def policies(step_size_search, restart) -> tuple[StepSizeSearch | None, RestartPolicy]:
     """The loop's step-size search and restart policy from what a user
     passes: a :class:`StepSizeSearch`, True (its defaults) or None/False;

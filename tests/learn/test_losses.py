@@ -32,6 +32,21 @@ def test_conditional_huber_shrinks_delta_for_large_reference_forces():
         conditional_huber(1.0, edges=(1.0,), factors=(1.0,))
 
 
+def test_conditional_huber_default_edges_are_mace_torchs_in_kj_mol_nm():
+    """The default edges are mace-torch's 100/200/300 eV/Angstrom in chemtrain's
+    kJ/mol/nm (x964.853): an ordinary atom (0.5 and 150 eV/Angstrom here)
+    keeps the threshold of its interval. Before, the numbers 100/200/300
+    were taken in kJ/mol/nm: both atoms got the factor 0.1 of atoms above
+    300 eV/Angstrom."""
+    per = 96.48533212 / 0.1
+    f = conditional_huber(2.0)
+    ref = jnp.array([[0.5 * per, 0.0, 0.0], [0.0, 150.0 * per, 0.0], [0.0, 0.0, 350.0 * per]])
+    r = jnp.full((3, 3), 5.0)
+    d = 2.0 * np.array([1.0, 0.7, 0.1])[:, None]
+    want = d * (5.0 - 0.5 * d) * np.ones((3, 3))
+    np.testing.assert_allclose(np.asarray(f(r, ref)), want, rtol=1e-6)
+
+
 def test_per_sample_errors_with_losses():
     batch = {"R": jnp.zeros((2, 3, 3)), "U": jnp.array([1.0, 4.0]),
              "F": jnp.zeros((2, 3, 3)), "mask": jnp.array([[1, 1, 0], [1, 1, 1]]),

@@ -353,3 +353,26 @@ def test_save_checkpoint_after_or_inside_a_failing_on_update_says_what_happened(
                                            r"epoch 0 is still running"):
         inside.train(1)
     assert not os.path.exists(tmp_path / "inside.npz")
+
+
+@pytest.mark.parametrize("piece", ["reduce_on_plateau", "ema"])
+def test_force_matching_optimizer_pieces_are_refused(piece, tmp_path):
+    """A plateau or moving average given to a reweighting trainer: nothing
+    fed the plateau and nothing used the average (the factor stayed 1 and
+    the trained parameters were simulated), without a word."""
+    from chemtrain import learn
+    from chemtrain.trainers import RelativeEntropy, Reweighting
+    from mean_energy import mean_energy_objective
+    opt = getattr(learn, piece)(optax.adam(1e-3))
+    params = {"sigma": jnp.asarray(0.34), "epsilon": jnp.asarray(1.0)}
+    match = rf"optimizer holds chemtrain\.learn\.{piece}, which only ForceMatching"
+    with pytest.raises(ValueError, match="DifftreParallel: the " + match):
+        lj8(optimizer=opt, checkpoint_path=str(tmp_path / "a"))
+    with pytest.raises(ValueError, match="Difftre: the " + match):
+        Difftre(params, opt, progress=False, checkpoint_path=str(tmp_path / "b"))
+    with pytest.raises(ValueError, match="RelativeEntropy: the " + match):
+        RelativeEntropy(params, opt, progress=False, checkpoint_path=str(tmp_path / "c"))
+    template = lennard_jones_template(space.periodic(2.0)[0], 0.9)
+    with pytest.raises(ValueError, match=match):
+        Reweighting(mean_energy_objective(template, [1.0]), 0, params, opt, progress=False,
+                    checkpoint_path=str(tmp_path / "d"))

@@ -132,3 +132,15 @@ def test_bad_input_is_named(setup, tmp_path):
     tr = _committee(setup, tmp_path, parallelism="single")
     with pytest.raises(IndexError, match="members 0 to 2"):
         tr.member(3)
+
+
+def test_resume_compares_bootstrap(setup, tmp_path):
+    """A checkpoint records bootstrap: a resume that switched it would train
+    the members on other data mid-run (it was accepted before)."""
+    from chemtrain.checkpoint import CheckpointError
+    b = _committee(setup, tmp_path / "b", parallelism="single")
+    b.save_checkpoint(str(tmp_path / "ck.npz"))
+    c = _committee(setup, tmp_path / "c", bootstrap=True, parallelism="single")
+    with pytest.raises(CheckpointError, match=r"bootstrap=False; this run has .*bootstrap=True"):
+        c.restore(str(tmp_path / "ck.npz"))
+    _committee(setup, tmp_path / "d", parallelism="single").restore(str(tmp_path / "ck.npz"))
