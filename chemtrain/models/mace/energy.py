@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from chemtrain import units
 from chemtrain.models.mace.model import MaceConfig, node_energies
+from chemtrain.models.mace.heads import default_head
 from chemtrain.neighbors import GRAPH_KEYS, check_minimum_image, edge_vectors
 from chemtrain.models.template import EnergyTemplate, periodic
 
@@ -109,14 +110,22 @@ def check_heads(cfg: MaceConfig, head) -> None:
 
     Args:
       cfg: the model configuration.
-      head: None (no column: every structure uses head 0) or integer head
-        indices, any shape (e.g. (n_structures,)).
+      head: None (no column: every structure uses the default head, see
+        :func:`chemtrain.models.mace.default_head`) or integer head indices,
+        any shape (e.g. (n_structures,)).
 
     Raises:
       ValueError: naming the model's heads, if ``head`` is not of an integer
-        dtype or an index is out of range (``0 <= head < num_heads``).
+        dtype or an index is out of range (``0 <= head < num_heads``), or is
+        None for a model of several heads none of which is ``'Default'``.
     """
     if head is None:
+        if cfg.num_heads > 1:
+            try:
+                default_head(cfg)
+            except ValueError as e:
+                raise ValueError(f"{e} Give the dataset a 'head' column (one head index per "
+                                 f"structure).") from None
         return
     h = np.asarray(head)
     if not np.issubdtype(h.dtype, np.integer):
@@ -134,7 +143,9 @@ def _head_index(cfg: MaceConfig, head):
     names and untraced indices are checked here, a traced index gives NaN
     energies when out of range."""
     if head is None:
-        return None, False
+        if cfg.num_heads == 1:
+            return None, False
+        head = default_head(cfg)   # as mace-torch's calculator: 'Default'
     if isinstance(head, str):
         return cfg.head_index(head), False
     h = jnp.asarray(head)
@@ -184,7 +195,9 @@ def energy_fn_template(cfg: MaceConfig, displacement_fn: Callable | None = None,
       dataset column ``'head'`` of shape (n_structures,) reaches the energy
       function this way); a head name is also taken outside traced code.
       Only that head's E0s, scale, shift and readout output contribute.
-      Default: head 0.
+      Default: the only head, or the head named ``'Default'`` of a model of
+      several (as mace-torch's calculator: after a replay fine-tuning the
+      fine-tuned head; :func:`chemtrain.models.mace.default_head`).
     - ``box`` and ``perturbation`` (jax-md's strain of every edge vector):
       ``perturbation`` is honoured in both cases, so the stress is the
       derivative with respect to it. Other keyword arguments are ignored.
@@ -299,6 +312,8 @@ def batched_template(cfg: MaceConfig, displacement_fn: Callable | None = None,
             take = jax.vmap(lambda m, i: m[i])
             real = real & take(node_mask, s) & take(node_mask, r)
             offset = (jnp.arange(b) * n)[:, None]
+            if head is None and cfg.num_heads > 1:   # as mace-torch's calculator: 'Default'
+                head = jnp.full((b,), default_head(cfg), jnp.int32)
             if head is None:
                 hd, bad_head = None, jnp.zeros((b,), bool)
             else:

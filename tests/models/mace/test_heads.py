@@ -297,3 +297,32 @@ def test_head_errors_name_the_heads(ref, structures):
                         (np.array([0, 1]), r"head must be an integer scalar")]:
         with pytest.raises(ValueError, match=match):
             energy_fn(R, g, species=Z, head=head)
+
+
+def test_without_a_head_the_default_head_is_evaluated(ref, structures):
+    """The energy template of a model of several heads, called without
+    ``head=`` (MD, DiffTRe, a dataset without a 'head' column), evaluates
+    'Default' as mace-torch's calculator does (head 0, the foundation's
+    pt_head, before), and refuses a model none of whose heads is 'Default'."""
+    cfg, params = ref["cfg"], ref["params"]
+    g = Graph(*(jnp.asarray(structures[k][0]) for k in ("senders", "receivers", "shifts")))
+    R, Z = jnp.asarray(structures["R"][0] * 0.1), jnp.asarray(structures["Z"][0])
+    with pytest.raises(ValueError, match=r"none is named 'Default'"):
+        cm.energy_fn_template(cfg)(params)(R, g, species=Z)
+    with pytest.raises(ValueError, match=r"none is named 'Default'.*Give the dataset a 'head'"):
+        cm.energy_fn_template(cfg).validate_dataset({"species": structures["Z"]})
+    tuned = dataclasses.replace(cfg, heads=("pt_head", "Default"))
+    template = cm.energy_fn_template(tuned)
+    template.validate_dataset({"species": structures["Z"]})
+    energy_fn = template(params)
+    default = float(energy_fn(R, g, species=Z))
+    assert default == float(energy_fn(R, g, species=Z, head=1))
+    assert default != float(energy_fn(R, g, species=Z, head=0))
+    graphs = Graph(*(jnp.asarray(structures[k]) for k in ("senders", "receivers", "shifts")))
+    batched = template.batched(params)(jnp.asarray(structures["R"] * 0.1), graphs,
+                                       species=jnp.asarray(structures["Z"]))
+    ones = template.batched(params)(jnp.asarray(structures["R"] * 0.1), graphs,
+                                    species=jnp.asarray(structures["Z"]),
+                                    head=jnp.ones(len(structures["R"]), jnp.int32))
+    np.testing.assert_array_equal(np.asarray(batched), np.asarray(ones))
+    np.testing.assert_allclose(float(batched[0]), default, rtol=1e-10)
