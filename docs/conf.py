@@ -54,6 +54,7 @@ API = {
     "chemtrain.uncertainty": "Committee uncertainty: active-learning selection and calibration.",
     "chemtrain.checkpoint": "Plain-data checkpoint files.",
     "chemtrain.units": "Unit conversions.",
+    "chemtrain.compile_cache": "JAX's persistent compilation cache: where, how large, off.",
     "chemtrain.finetune": "The chemtrain-finetune command line.",
 }
 

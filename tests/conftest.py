@@ -22,6 +22,10 @@ atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
 os.environ["CHEMTRAIN_TEST_CACHE_ROOT"] = _ROOT
 jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(dir=_ROOT))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+# chemtrain's default cache (~/.cache/chemtrain/jax) stays out of the tests:
+# subprocesses without a private cache compile afresh, as before it existed
+# (tests/test_compile_cache.py sets its own folders)
+os.environ["CHEMTRAIN_JAX_CACHE"] = "off"
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "_support"))
 

@@ -88,8 +88,8 @@ def run(argv=None) -> dict:
     import jax
     if args.default_dtype == "float64":
         jax.config.update("jax_enable_x64", True)
-    if args.jax_cache:
-        jax.config.update("jax_compilation_cache_dir", args.jax_cache)
+    from ..compile_cache import enable
+    enable(args.jax_cache)
     import jax.numpy as jnp
     from ..models import mace
     from ..learn import optimizers

@@ -294,7 +294,9 @@ def parser() -> argparse.ArgumentParser:
                         "validation loss, as mace-torch does, or the last epoch's")
     g.add_argument("--no_torch_export", action="store_true",
                    help="chemtrain: do not write the mace-torch .model (needs torch)")
-    g.add_argument("--jax_cache", help="chemtrain: folder for JAX's persistent compilation cache")
+    g.add_argument("--jax_cache", help="chemtrain: folder for JAX's persistent compilation cache "
+                                       "(default: $CHEMTRAIN_JAX_CACHE, else "
+                                       "~/.cache/chemtrain/jax; 'off' turns it off)")
     del a
     return p
 

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import optax
 
+from ..compile_cache import enable as enable_compile_cache
 from ..data.loader import VALID
 from ..learn import force_matching as fm
 from ..learn import optimizers
@@ -101,6 +102,7 @@ class ForceMatching(HoldsState):
                  epoch_line: Callable[[dict], str] | None = None,
                  functions: Callable | None = None, losses: Mapping | None = None):
         global_batch(batch, batch_per_device, 1, disable_shmap)  # argument errors first
+        enable_compile_cache()
         template = as_template(energy_fn_template)
         check_reach(template, nbrs_init, "ForceMatching")
         self.strategy = make_strategy(parallelism, mesh, check_vma=template.check_vma

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..compile_cache import enable as enable_compile_cache
 from ..learn.difftre import scaled_params
 from ..learn.difftre_batches import as_key, statepoint_batches
 from ..learn.objective import Objective
@@ -96,6 +97,7 @@ class Reweighting(HoldsState):
                  progress: bool = True, consistency_check_every: int | None = None,
                  name: str = "reweighting", on_update=None):
         check_arguments(objective, state_class, optimizer, on_update)
+        enable_compile_cache()
         check_reuse(reweight_ratio, max_reuse_se, max_reuses)
         self.step_size_search, self.restart = policies(step_size_search, restart)
         statepoint_batches(max(1, sim_batch_size), sim_batch_size)  # type/range check
