@@ -107,17 +107,17 @@ class ChemtrainCalculator(Calculator):
 
     Raises:
       ValueError: if ``cutoff`` is below the template's range (or None for
-        a template that states none), ``neighbor_format`` is not one of the three formats,
-        ``growth`` <= 1, ``capacity`` < 1, ``dtype`` is neither float32 nor
-        float64, or ``dtype`` is float64 while JAX runs without
-        ``jax_enable_x64``.
+        a template that states none), ``neighbor_format`` is not one of the
+        three formats, ``growth`` <= 1, ``capacity`` < 1, ``dtype`` is
+        neither float32 nor float64, or ``dtype`` is float64 while JAX runs
+        without ``jax_enable_x64``.
     """
 
     implemented_properties = ["energy", "free_energy", "forces", "stress"]
 
-    def __init__(self, energy_fn_template, params, cutoff: float | None, *, neighbor_format: str = "sparse",
-                 species_kwarg: str | None = "species", capacity: int | None = None,
-                 growth: float = 1.5, dtype=None, **kwargs):
+    def __init__(self, energy_fn_template, params, cutoff: float | None, *,
+                 neighbor_format: str = "sparse", species_kwarg: str | None = "species",
+                 capacity: int | None = None, growth: float = 1.5, dtype=None, **kwargs):
         super().__init__(**kwargs)
         if neighbor_format not in FORMATS:
             raise ValueError(f"neighbor_format must be one of {FORMATS}, got {neighbor_format!r}.")
