@@ -114,7 +114,7 @@ def list_cutoff(template, cutoff) -> float:
     template's range (:attr:`chemtrain.models.EnergyTemplate.cutoff`) when
     None. A cutoff below the template's range is refused: the pairs in
     between would be left out without a word."""
-    from chemtrain.models.template import as_template
+    from chemtrain.models.template import as_template, check_range
     reach = as_template(template).cutoff
     if cutoff is None:
         if reach is None:
@@ -125,11 +125,9 @@ def list_cutoff(template, cutoff) -> float:
     cutoff = float(cutoff)
     if not cutoff > 0 or not np.isfinite(cutoff):
         raise ValueError(f"cutoff must be a positive distance in nm, got {cutoff!r}.")
-    if reach is not None and reach > cutoff * (1 + 1e-6) + 1e-12:
-        raise ValueError(f"The energy model reaches {reach:g} nm, but the calculator's neighbor "
-                         f"list would hold pairs only up to cutoff={cutoff:g} nm, so the pairs "
-                         f"in between would be left out without a word. Give a cutoff of at "
-                         f"least {reach:g} nm (or None: the model's range).")
+    if reach is not None:
+        check_range(template, cutoff, "The calculator", f"Give cutoff= at least {reach:g} nm "
+                    f"(or None: the model's range).")
     return cutoff
 
 

@@ -43,6 +43,7 @@ _OFF = ("off", "0", "none", "false", "no")
 #: 0: every program. On the main job all 35 programs take 10 s of XLA compilation;
 #: JAX's default caches 5 of them (2.4 s left to compile), 0 caches all (0.6 s)
 MIN_COMPILE_SECONDS = 0.0
+_UNWRITABLE: set = set()   # folders this process could not write
 
 
 def default_folder() -> str | None:
@@ -100,6 +101,8 @@ def enable(folder: str | None = None) -> str | None:
     if folder is None:
         return None
     max_bytes = _max_bytes()
+    if folder in _UNWRITABLE:   # reported once per process, not at every trainer
+        return None
     try:
         os.makedirs(folder, exist_ok=True)
         probe = os.path.join(folder, f".chemtrain-write-test-{os.getpid()}")
@@ -107,6 +110,7 @@ def enable(folder: str | None = None) -> str | None:
             pass
         os.remove(probe)
     except OSError as e:
+        _UNWRITABLE.add(folder)
         log.warning("JAX's compilation cache stays off: %s cannot be written (%s). Set %s to a "
                     "writable folder, or %s=off to silence this.", folder, e, ENV, ENV)
         return None

@@ -121,7 +121,9 @@ def test_calculator_cutoff_below_the_templates_range_is_refused(lj_committee):
     """The calculators compare their neighbor list's cutoff with the
     template's range (0.85 nm here): a 0.5 nm list misses every pair beyond."""
     template, members, _ = lj_committee
-    with pytest.raises(ValueError, match=r"reaches 0\.85 nm, but .* cutoff=0\.5 nm"):
+    with pytest.raises(ValueError, match=r"The calculator: the energy model reaches 0\.85 nm, "
+                                         r"but the neighbor list holds pairs only up to 0\.5 nm"
+                                         r".* Give cutoff= at least 0\.85 nm"):
         ChemtrainCalculator(template, members[0], 0.5)
     with pytest.raises(ValueError, match=r"reaches 0\.85 nm"):
         CommitteeCalculator(template, members, 0.5)

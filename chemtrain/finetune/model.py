@@ -102,8 +102,6 @@ def foundation_head(cfg, params, path: str, head: str | None):
     mace-torch) to its first head that is not ``pt_head``, so that a model
     of an earlier replay fine-tuning goes on from its fine-tuned head."""
     from ..models import mace
-    if cfg.num_heads == 1 and head is None:
-        return cfg, params, None
     try:
         name = cfg.heads[mace.finetuned_head(cfg, head)]
     except ValueError as e:

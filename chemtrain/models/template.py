@@ -123,20 +123,28 @@ def check_reach(template, nbrs, where: str, periodic_box: bool = False) -> None:
     if nbrs is None or not hasattr(nbrs, "idx"):
         return
     from ..neighbors import list_cutoff, list_is_periodic
-    reach = list_cutoff(nbrs)
-    if template.cutoff is not None and reach is not None \
-            and template.cutoff > reach * (1 + 1e-6) + 1e-12:
-        raise ValueError(
-            f"{where}: the energy model reaches {template.cutoff:g} nm, but the neighbor list "
-            f"holds pairs only up to {reach:g} nm, so the pairs in between would be left out "
-            f"without a word. Build the neighbor list with a cutoff of at least "
-            f"{template.cutoff:g} nm (or use a model of shorter range).")
+    check_range(template, list_cutoff(nbrs), where)
     if template.periodic is False and (periodic_box or list_is_periodic(nbrs)):
         raise ValueError(
             f"{where}: the energy model was built on free space (space.free()), but the "
             f"simulation is periodic, so pairs across the box edge would be missed. Build the "
             f"model with the simulation's displacement function (space.periodic or "
             f"space.periodic_general).")
+
+
+def check_range(template, reach: float | None, where: str, fix: str | None = None) -> None:
+    """Refuse neighbors that reach only ``reach`` nm for a model whose range
+    (:attr:`EnergyTemplate.cutoff`) is longer: the pairs in between would be
+    lost silently. Either unknown (None): nothing to compare. ``fix``: the
+    message's last sentence (default: build a longer neighbor list)."""
+    cutoff = as_template(template).cutoff
+    if cutoff is None or reach is None or cutoff <= reach * (1 + 1e-6) + 1e-12:
+        return
+    fix = fix or (f"Build the neighbor list with a cutoff of at least {cutoff:g} nm (or use a "
+                  f"model of shorter range).")
+    raise ValueError(f"{where}: the energy model reaches {cutoff:g} nm, but the neighbor list "
+                     f"holds pairs only up to {reach:g} nm, so the pairs in between would be "
+                     f"left out without a word. {fix}")
 
 
 def periodic(displacement_fn) -> bool | None:
