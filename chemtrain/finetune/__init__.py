@@ -180,6 +180,7 @@ def run(argv=None) -> dict:
         prep = lambda s: D.to_model_arrays(s, r_max_nm, dtype, True)  # noqa: E731
     ready = {stage: (prep(s) if s is not None else None) for stage, s in sets.items()
              if not (hdf5 and stage == "training")}
+    D.share_shapes([ready.get("validation"), ready.get("testing")])
     if P.active(args):
         weights_keys = P.weight_keys(ready, gammas, weights_keys)
     test_stage = "testing" if ready.get("testing") is not None else "validation"

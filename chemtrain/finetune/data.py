@@ -292,6 +292,31 @@ def to_model_arrays(d: dict, r_max_nm: float, dtype, energy_weighting: bool) -> 
     return out
 
 
+def share_shapes(sets: list) -> list:
+    """Sets ready for the trainer, padded to common shapes (the most atoms
+    and edges of any, the widest shift type), so that one compiled model
+    evaluates all of them: validation, test and predictions then share a
+    program instead of compiling one per set. Padded atoms are masked,
+    padded edges point at the sentinel (the padded atom count)."""
+    sets = [d for d in sets if d is not None]
+    if not sets or not all(k in d for d in sets for k in GRAPH_KEYS):
+        return sets
+    atoms = max(d["R"].shape[1] for d in sets)
+    edges = max(d["senders"].shape[1] for d in sets)
+    shift = np.result_type(*(d["shifts"].dtype for d in sets))
+    for d in sets:
+        n, a, e = len(d["R"]), d["R"].shape[1], d["senders"].shape[1]
+        for k in ("R", "F", "species", "mask"):
+            if k in d and a < atoms:
+                d[k] = np.pad(d[k], [(0, 0), (0, atoms - a)] + [(0, 0)] * (d[k].ndim - 2))
+        for k in ("senders", "receivers"):
+            v = np.where(d[k] == a, atoms, d[k]).astype(d[k].dtype)   # the sentinel moves
+            d[k] = np.concatenate([v, np.full((n, edges - e), atoms, v.dtype)], axis=1)
+        d["shifts"] = np.concatenate([d["shifts"].astype(shift),
+                                      np.zeros((n, edges - e, 3), shift)], axis=1)
+    return sets
+
+
 def mean_pairs(d: dict) -> float:
     """Average number of neighbors per real atom (from the graphs)."""
     real = d["receivers"] < d["R"].shape[1]

@@ -31,7 +31,7 @@ import optax
 from ..data.loader import InMemoryLoader
 from ..data.members import MemberLoader
 from . import force_matching as fm
-from .step import make_reduced, make_update
+from .step import make_update
 
 
 def stack_members(members: Sequence) -> object:
@@ -195,31 +195,31 @@ def trainer_functions(n: int, bootstrap: bool = False) -> Callable:
         loss = member_loss(fm.make_shard_loss(predict, gammas, weights_keys, exclude, losses))
         stress = "stress" in gammas
 
-        def members(params, batch, with_stress):
-            """Every member's (pred, nbr_error), computed once per batch."""
+        def by_rows(tree, member_axis):
+            return jax.tree.map(lambda x: jnp.moveaxis(x, member_axis, 1 - member_axis), tree)
+
+        def outputs(params, batch):
+            """Every member's (pred, nbr_error) of the batch, computed once,
+            rows first (the compiled model program's per-row outputs)."""
             kwargs = fm.batch_kwargs(batch, exclude)
-            return jax.vmap(lambda p: predict(p, batch["R"], kwargs, with_stress))(params)
+            return by_rows(jax.vmap(lambda p: predict(p, batch["R"], kwargs, stress))(params), 0)
 
-        def metric_sums(given, batch):
-            # the force-matching metric sums of predictions already made
-            return fm.make_metric_sums(lambda *a, **k: given, gammas, weights_keys,
-                                       exclude, losses)(None, batch)
-
-        def sums(params, batch):
-            preds, errors = members(params, batch, stress)
-            c = metric_sums(committee_of(preds, errors), batch)
-            each = jax.vmap(lambda p, e: metric_sums((p, e), batch))(preds, errors)
+        def sums_of(given, batch):
+            preds, errors = by_rows(given, 1)
+            one = lambda g: fm.metric_sums(g, batch, gammas, weights_keys, losses)  # noqa: E731
+            c = one(committee_of(preds, errors))
+            each = jax.vmap(lambda p, e: one((p, e)))(preds, errors)
             return {"committee": c, "members": each, "nbr_errors": c["nbr_errors"]}
 
-        def predictions(params, batch):
-            preds, errors = members(params, batch, False)
-            return {**committee_of(preds, errors)[0],
-                    "U_members": jnp.moveaxis(preds["U"], 0, 1),
-                    "F_members": jnp.moveaxis(preds["F"], 0, 1)}
+        def predictions(given):
+            preds, errors = by_rows(given, 1)
+            return {**committee_of(preds, errors)[0], "U_members": given[0]["U"],
+                    "F_members": given[0]["F"]}
 
+        sums, model = fm.make_evaluation(outputs, sums_of, strategy, exclude)
+        read = strategy.compile(predictions, in_sharded=(True,), out_sharded=True)
         return fm.TrainerFunctions(
-            update=make_update(loss, optimizer, strategy),
-            sums=make_reduced(sums, strategy),
-            predict=strategy.compile(predictions, in_sharded=(False, True), out_sharded=True),
+            update=make_update(loss, optimizer, strategy), sums=sums,
+            predict=lambda p, b: read(model(p, b)),
             finish=finish, train_record=record, training_loader=training_loader)
     return make

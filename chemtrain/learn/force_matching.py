@@ -32,7 +32,7 @@ from ..data.loader import VALID
 from ..ensemble import volume
 from ..neighbors import GRAPH_KEYS, graph_from, mask_graph
 from .losses import TargetLoss
-from .step import make_reduced, make_update
+from .step import make_update
 
 TARGETS = ("U", "F", "stress")
 
@@ -248,10 +248,10 @@ def make_shard_loss(predict: Callable, gammas: Mapping[str, float],
     return loss_fn
 
 
-def make_metric_sums(predict: Callable, gammas: Mapping[str, float],
-                     weights_keys: Mapping[str, str], inputs_exclude,
-                     losses: Mapping | None = None) -> Callable:
-    """Return ``sums(params, batch)``: per-shard sums for exact global metrics.
+def metric_sums(given, batch: Mapping, gammas: Mapping[str, float],
+                weights_keys: Mapping[str, str], losses: Mapping | None = None) -> dict:
+    """Per-shard sums for exact global metrics of predictions already made,
+    ``given = (pred, nbr_error)`` of :func:`make_predictor`.
 
     For each target: sum of absolute and squared errors and the number of
     values (stress: of structures with a cell and a weight above 0); plus
@@ -259,32 +259,51 @@ def make_metric_sums(predict: Callable, gammas: Mapping[str, float],
     the global sums once gives MAE, RMSE and the mean loss whatever the
     padding.
     """
+    pred, nbr_error = given
     targets = tuple(gammas)
+    valid = batch[VALID]
+    fvalid = valid.astype(pred["U"].dtype)
+    errors = per_sample_errors(pred, batch, targets, losses)
+    out = {"n": jnp.sum(fvalid), "nbr_errors": jnp.sum(nbr_error & valid)}
+    loss = 0.0
+    for t in targets:
+        w = sample_weights(pred, batch, t, weights_keys, fvalid.dtype)
+        loss = loss + gammas[t] * jnp.sum(w * errors[t])
+        d = pred[t] - batch[t]
+        if t == "U":
+            m = fvalid
+        elif t == "stress":  # structures with a cell and a stress label
+            m = (w > 0).astype(d.dtype)[:, None, None] * jnp.ones_like(d)
+        else:
+            atom = batch["mask"].astype(d.dtype) if "mask" in batch else jnp.ones(d.shape[:2], d.dtype)
+            m = (atom * fvalid[:, None])[..., None] * jnp.ones_like(d)
+        out[t] = {"abs": jnp.sum(jnp.abs(d) * m), "sq": jnp.sum(d * d * m), "count": jnp.sum(m)}
+    out["loss"] = loss
+    return out
 
-    def sums(params, batch):
-        pred, nbr_error = predict(params, batch["R"], batch_kwargs(batch, inputs_exclude),
-                                  stress="stress" in targets)
-        valid = batch[VALID]
-        fvalid = valid.astype(pred["U"].dtype)
-        errors = per_sample_errors(pred, batch, targets, losses)
-        out = {"n": jnp.sum(fvalid), "nbr_errors": jnp.sum(nbr_error & valid)}
-        loss = 0.0
-        for t in targets:
-            w = sample_weights(pred, batch, t, weights_keys, fvalid.dtype)
-            loss = loss + gammas[t] * jnp.sum(w * errors[t])
-            d = pred[t] - batch[t]
-            if t == "U":
-                m = fvalid
-            elif t == "stress":  # structures with a cell and a stress label
-                m = (w > 0).astype(d.dtype)[:, None, None] * jnp.ones_like(d)
-            else:
-                atom = batch["mask"].astype(d.dtype) if "mask" in batch else jnp.ones(d.shape[:2], d.dtype)
-                m = (atom * fvalid[:, None])[..., None] * jnp.ones_like(d)
-            out[t] = {"abs": jnp.sum(jnp.abs(d) * m), "sq": jnp.sum(d * d * m), "count": jnp.sum(m)}
-        out["loss"] = loss
-        return out
 
-    return sums
+def make_evaluation(model: Callable, sums_of: Callable, strategy, exclude) -> tuple:
+    """Compile a stage's metric sums as two programs: ``model(params,
+    inputs)`` (the energy model's per-row outputs, the one costly program,
+    also what predictions are read from) and ``sums_of(outputs, batch)``
+    (the metrics, summed over shards). The model sees only its inputs
+    (``R`` and the batch's other keys not in ``exclude``: no targets,
+    weights or padding flags), so validation, test metrics and predictions
+    of labelled or unlabelled data share one compiled model instead of
+    each compiling its own.
+
+    Returns:
+      ``(sums, outputs)``: ``sums(params, batch)`` and ``outputs(params,
+      batch)``, per shard as :meth:`~chemtrain.parallel.base.Strategy.compile`
+      makes them.
+    """
+    compiled = strategy.compile(model, in_sharded=(False, True), out_sharded=True)
+    reduce = strategy.compile(lambda out, b: strategy.sum(sums_of(out, b)),
+                              in_sharded=(True, True), out_sharded=False)
+
+    def outputs(params, batch):
+        return compiled(params, {k: v for k, v in batch.items() if k == "R" or k not in exclude})
+    return (lambda params, batch: reduce(outputs(params, batch), batch)), outputs
 
 
 def finish_metrics(sums: Mapping, targets) -> dict:
@@ -325,8 +344,10 @@ class TrainerFunctions:
     Attributes:
       update: compiled ``(params, opt_state, batch) -> (params, opt_state,
         stats)`` (:func:`chemtrain.learn.step.make_update`).
-      sums: compiled ``(params, batch) -> metric sums``, summed over shards.
-      predict: compiled ``(params, batch) -> predictions`` (per row).
+      sums: ``(params, batch) -> metric sums``, summed over shards.
+      predict: ``(params, batch) -> predictions`` (per row; with a stress
+        target also ``stress`` and ``has_stress``). Both run one compiled
+        model program (:func:`make_evaluation`).
       finish: ``(host sums, gammas) -> metrics`` of a stage.
       train_record: ``(host step sums, n_steps, gammas) -> dict`` with
         ``train_loss`` and ``train_parts`` (and whatever else the epoch
@@ -369,10 +390,10 @@ def trainer_functions(template, nbrs_init, optimizer, strategy, gammas: Mapping,
     """
     predict = make_predictor(template, nbrs_init, strategy.vary)
     loss_fn = make_shard_loss(predict, gammas, weights_keys, exclude, losses)
+    stress = "stress" in gammas
+    sums, outputs = make_evaluation(
+        lambda p, b: predict(p, b["R"], batch_kwargs(b, exclude), stress=stress),
+        lambda given, b: metric_sums(given, b, gammas, weights_keys, losses), strategy, exclude)
     return TrainerFunctions(
-        update=make_update(loss_fn, optimizer, strategy),
-        sums=make_reduced(make_metric_sums(predict, gammas, weights_keys, exclude, losses),
-                          strategy),
-        predict=strategy.compile(lambda p, b: predict(p, b["R"], batch_kwargs(b, exclude))[0],
-                                 in_sharded=(False, True), out_sharded=True),
-        finish=finish_metrics, train_record=train_record)
+        update=make_update(loss_fn, optimizer, strategy), sums=sums,
+        predict=lambda p, b: outputs(p, b)[0], finish=finish_metrics, train_record=train_record)

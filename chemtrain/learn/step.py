@@ -49,8 +49,3 @@ def all_finite(tree):
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])) if leaves \
         else jnp.asarray(True)
 
-
-def make_reduced(fn: Callable, strategy) -> Callable:
-    """Compile ``fn(params, batch)`` whose outputs are summed over shards."""
-    return strategy.compile(lambda p, b: strategy.sum(fn(p, b)), in_sharded=(False, True),
-                            out_sharded=False)

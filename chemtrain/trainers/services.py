@@ -109,5 +109,16 @@ def init_state(strategy, init_params, optimizer):
                 f"jnp.asarray({np.asarray(leaf).tolist() if np.size(leaf) < 5 else '...'}, "
                 f"jnp.float32)), since gradients of integers are not defined.")
     host_params = strategy.broadcast_from_root(jax.tree.map(np.asarray, init_params))
-    host_opt = strategy.broadcast_from_root(jax.tree.map(np.asarray, optimizer.init(host_params)))
+    host_opt = strategy.broadcast_from_root(jax.tree.map(np.asarray, _opt_init(optimizer,
+                                                                             host_params)))
     return strategy.replicate(host_params), strategy.replicate(host_opt), host_params
+
+
+def _opt_init(optimizer, params):
+    """``optimizer.init(params)`` as one compiled program (run eagerly, each
+    leaf's zeros compile their own), or eagerly when the init cannot be
+    traced (a user's transformation that reads its arguments as numbers)."""
+    try:
+        return jax.jit(optimizer.init)(params)
+    except jax.errors.JAXTypeError:
+        return optimizer.init(params)

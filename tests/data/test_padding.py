@@ -127,3 +127,34 @@ def test_evaluation_metrics_exact_with_partial_last_batch(tmp_path, n_dev):
 def test_pad_systems_rejects_too_small_n_atoms():
     with pytest.raises(ValueError, match="smaller than the largest system"):
         pad_systems(systems(), n_atoms=5)
+
+
+def test_finetune_sets_share_shapes_and_keep_their_graphs():
+    """chemtrain-finetune pads its validation and test sets to one shape
+    (atoms, edges, shift type) so that one compiled model evaluates both;
+    every structure keeps its real atoms and edges, padding is masked and
+    its edges point at the new sentinel."""
+    from chemtrain.finetune.data import share_shapes
+    from chemtrain.neighbors import add_graphs
+    rng = np.random.default_rng(0)
+
+    def a_set(n, atoms, box):
+        R = rng.uniform(0, 0.8, (n, atoms, 3))
+        d = {"R": R, "F": rng.normal(size=(n, atoms, 3)), "species": np.ones((n, atoms), int),
+             "mask": np.ones((n, atoms), bool), "box": np.broadcast_to(box, (n, 3, 3)).copy()}
+        return add_graphs(d, 0.3)
+    small, large = a_set(3, 5, np.eye(3) * 0.8), a_set(2, 9, np.zeros((3, 3)))
+    before = {k: dict(v) for k, v in (("small", small), ("large", large))}
+    share_shapes([small, large, None])
+    for k in ("R", "F", "species", "mask", "senders", "receivers", "shifts"):
+        assert small[k].shape[1:] == large[k].shape[1:] and small[k].dtype == large[k].dtype, k
+    assert small["R"].shape[1] == 9 and not small["mask"][:, 5:].any()
+    for name, d in (("small", small), ("large", large)):
+        old = before[name]
+        atoms, edges = old["R"].shape[1], old["senders"].shape[1]
+        real = old["senders"] < atoms
+        for k in ("senders", "receivers"):
+            np.testing.assert_array_equal(d[k][:, :edges][real], old[k][real])
+            assert (d[k][:, :edges][~real] == 9).all() and (d[k][:, edges:] == 9).all()
+        np.testing.assert_array_equal(d["shifts"][:, :edges], old["shifts"])
+        np.testing.assert_array_equal(d["R"][:, :atoms], old["R"])

@@ -113,3 +113,25 @@ def test_recovers_lennard_jones_parameters(tmp_path):
     fit = {k: float(v) for k, v in tr.params.items()}
     for k in ("sigma", "epsilon"):
         assert abs(fit[k] - true[k]) / true[k] < 1e-3, (k, fit[k], true[k])
+
+
+_TRACED = []   # the functions JAX traces (a new program; a cache hit is traced too)
+jax.monitoring.register_event_duration_secs_listener(
+    lambda name, secs, **kw: _TRACED.append(name) if name.endswith("trace_duration") else None)
+
+
+@pytest.mark.parametrize("parallelism", ["single", "jax"])
+def test_metrics_and_predictions_share_one_compiled_model(tmp_path, parallelism):
+    """Validation and test metrics and predictions run one compiled model
+    program: after evaluating a stage, predicting the same shapes traces
+    nothing new (and its energies are the ones the metrics were made of)."""
+    tr = make_trainer(tmp_path, parallelism, mesh_of(4) if parallelism == "jax" else None)
+    m = tr.evaluate("validation")
+    data, *_ = mlp_problem()
+    rows = {k: v[:8] for k, v in data.items()}
+    _TRACED.clear()
+    pred = tr.predict(rows)
+    assert _TRACED == []
+    mae = np.mean(np.abs(pred["U"] - rows["U"]))
+    tr.set_dataset(rows, "testing")
+    assert tr.evaluate("testing")["U"]["MAE"] == pytest.approx(mae, rel=1e-10)
