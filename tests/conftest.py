@@ -13,17 +13,17 @@ import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
-# Tests build many identical programs (the same small models and systems in
-# new trainers): a compilation cache for this test session compiles each
-# once. This process's cache is its own; test scripts run as subprocesses
-# make their own under the same root (mp.private_compile_cache).
-_ROOT = tempfile.mkdtemp(prefix="chemtrain-test-jax-cache-")
-atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
-os.environ["CHEMTRAIN_TEST_CACHE_ROOT"] = _ROOT
-jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(dir=_ROOT))
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
-# chemtrain's default cache (~/.cache/chemtrain/jax) stays out of the tests:
-# subprocesses without a private cache compile afresh, as before it existed
+# The session's folder: its JAX compilation cache (tests build many
+# identical programs, the same small models and systems in new trainers,
+# and each is compiled once) and the lock files by which pytest-xdist
+# workers share the cores (_support/cores.py). xdist's workers inherit the
+# folder of the pytest process that started them; that process removes it.
+_ROOT = os.environ.get("CHEMTRAIN_TEST_CACHE_ROOT", "")
+if not (os.environ.get("PYTEST_XDIST_WORKER") and os.path.isdir(_ROOT)):
+    _ROOT = tempfile.mkdtemp(prefix="chemtrain-test-session-")
+    atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
+    os.environ["CHEMTRAIN_TEST_CACHE_ROOT"] = _ROOT
+# chemtrain's default cache (~/.cache/chemtrain/jax) stays out of the tests
 # (tests/test_compile_cache.py sets its own folders)
 os.environ["CHEMTRAIN_JAX_CACHE"] = "off"
 
@@ -31,6 +31,23 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "_support"))
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+import cores  # noqa: E402
+import mp  # noqa: E402
+
+mp.session_compile_cache()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "all_cores: the test runs alone, no other xdist "
+                            "worker's test beside it (it starts several processes itself)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test (set-up and tear-down included) holds a turn on the cores:
+    shared, or exclusive when marked ``all_cores``."""
+    with cores.turn(exclusive=item.get_closest_marker("all_cores") is not None):
+        yield
 
 
 @pytest.fixture(scope="session")

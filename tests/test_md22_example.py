@@ -35,7 +35,8 @@ def data(tmp_path_factory):
 
 # each method once, each source once: the HDF5 file is read by MPI ranks,
 # where its parallel loader matters most
-@pytest.mark.parametrize("source,runs", [("npz", "single:1,jax:2"), ("h5", "mpi:2")])
+@pytest.mark.parametrize("source,runs", [("npz", "single:1,jax:2"),
+                                         pytest.param("h5", "mpi:2", marks=pytest.mark.all_cores)])
 def test_benchmark_json(data, tmp_path, source, runs):
     out = tmp_path / "bench.json"
     args = [BENCHMARK, "--data", data["npz"], "--runs", runs, "--train", "4",

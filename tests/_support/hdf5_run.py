@@ -55,7 +55,7 @@ def main():
     p.add_argument("--rss-model", action="store_true")
     args = p.parse_args()
     import jax
-    mp.private_compile_cache()
+    mp.session_compile_cache()
     mp.init_jax_distributed(args)
     jax.config.update("jax_enable_x64", True)
     import h5py

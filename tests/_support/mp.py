@@ -1,9 +1,12 @@
 """Launch test processes: mpirun ranks and jax.distributed processes."""
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import time
+
+from cores import all_cores
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
@@ -29,49 +32,26 @@ def init_jax_distributed(args):
 CACHE_ROOT = "CHEMTRAIN_TEST_CACHE_ROOT"
 
 
-def private_compile_cache():
-    """Give this process a JAX compilation cache of its own, seeded with what
-    earlier test processes compiled: test scripts build the same small
-    programs in many launches (and many trainers), and compile each once.
+#: the size limit that also makes JAX read and write the cache under its file lock
+CACHE_BYTES = 4 << 30
 
-    JAX writes a cache entry in place (not atomically), so no two processes
-    share a cache folder. This one starts as hard links to the finished
-    entries of the session's shared folder, and on exit links its new
-    entries into it: a link names a complete file, so every process sees
-    whole entries or none."""
-    import atexit
-    import tempfile
+
+def session_compile_cache():
+    """Use the test session's JAX compilation cache: tests and test scripts
+    build the same small programs in many launches (and many trainers), in
+    the pytest processes (xdist workers) and the processes they start, and
+    compile each once.
+
+    One folder for all of them: with a size limit, JAX reads and writes an
+    entry only under its lock file, so no process sees half an entry (as
+    :mod:`chemtrain.compile_cache` relies on for users' runs)."""
     import jax
     root = os.environ.get(CACHE_ROOT)
     if not (root and os.path.isdir(root)):
         return
-    shared = os.path.join(root, "shared")
-    os.makedirs(shared, exist_ok=True)
-    mine = tempfile.mkdtemp(dir=root)
-    for name in os.listdir(shared):
-        if name.endswith("-cache"):
-            _link(os.path.join(shared, name), os.path.join(mine, name))
-    seeded = set(os.listdir(mine))
-    jax.config.update("jax_compilation_cache_dir", mine)
+    jax.config.update("jax_compilation_cache_dir", os.path.join(root, "jax"))
+    jax.config.update("jax_compilation_cache_max_size", CACHE_BYTES)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
-
-    def publish():
-        for name in set(os.listdir(mine)) - seeded:
-            if name.endswith("-cache"):
-                _link(os.path.join(mine, name), os.path.join(shared, name))
-    atexit.register(publish)
-
-
-def _link(src, dst):
-    try:
-        os.link(src, dst)
-    except FileExistsError:
-        pass
-    except OSError:   # no hard links here: a copy under a temporary name, then a rename
-        import shutil
-        tmp = f"{dst}.{os.getpid()}.tmp"
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
 
 
 def env(devices=1, **extra):
@@ -91,10 +71,11 @@ def mpirun(n, script_args, devices=1, timeout=300, **extra):
     if not os.path.exists(mpirun_bin):
         raise RuntimeError(f"{mpirun_bin} not found: run scripts/setup.sh (installs the mpich wheel).")
     cmd = [mpirun_bin, "-np", str(n), sys.executable, *script_args]
-    t = time.perf_counter()
-    out = subprocess.run(cmd, env=env(devices, **extra), capture_output=True, text=True,
-                         timeout=timeout)
-    return out.returncode, out.stdout + out.stderr, time.perf_counter() - t
+    with all_cores() if n > 1 else contextlib.nullcontext():
+        t = time.perf_counter()
+        out = subprocess.run(cmd, env=env(devices, **extra), capture_output=True, text=True,
+                             timeout=timeout)
+        return out.returncode, out.stdout + out.stderr, time.perf_counter() - t
 
 
 def free_port():
@@ -106,6 +87,11 @@ def free_port():
 def distributed(n, script_args, devices=1, timeout=300, script="mp_run.py"):
     """Run ``n`` jax.distributed processes of ``tests/<script>``; return
     (list of return codes, combined output)."""
+    with all_cores() if n > 1 else contextlib.nullcontext():
+        return _distributed(n, script_args, devices, timeout, script)
+
+
+def _distributed(n, script_args, devices, timeout, script):
     port = free_port()
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, script), *script_args,
                                "--distributed", str(n), "--process-id", str(i), "--port", str(port)],

@@ -35,7 +35,7 @@ def main():
 
     import jax
     import mp
-    mp.private_compile_cache()
+    mp.session_compile_cache()
     jax.config.update("jax_enable_x64", True)
     import numpy as np
     import optax

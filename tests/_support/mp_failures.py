@@ -39,7 +39,7 @@ def main():
     args = p.parse_args()
 
     import jax
-    mp.private_compile_cache()
+    mp.session_compile_cache()
     mp.init_jax_distributed(args)
     jax.config.update("jax_enable_x64", True)
     import numpy as np

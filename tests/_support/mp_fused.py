@@ -18,7 +18,7 @@ def main():
     args = p.parse_args()
     import jax
     import mp
-    mp.private_compile_cache()
+    mp.session_compile_cache()
     jax.config.update("jax_enable_x64", True)
     from mpi4py import MPI
     from fused_systems import fused

@@ -12,7 +12,7 @@ def main():
     out = sys.argv[1]
     import jax
     import mp
-    mp.private_compile_cache()
+    mp.session_compile_cache()
     jax.config.update("jax_enable_x64", True)
     import jax.flatten_util
     import numpy as np

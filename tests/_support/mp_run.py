@@ -34,7 +34,7 @@ def main():
     args = p.parse_args()
 
     import jax
-    mp.private_compile_cache()
+    mp.session_compile_cache()
     mp.init_jax_distributed(args)
     if args.distributed_mpi:
         jax.distributed.initialize(cluster_detection_method="mpi4py")

@@ -1,0 +1,80 @@
+"""The machine's cores shared by pytest-xdist workers.
+
+Each test holds a shared turn while it runs (conftest); work that starts
+several processes (MPI ranks, jax.distributed processes: :mod:`mp`), or a
+test marked ``all_cores``, takes an exclusive one, so that it never runs
+beside another worker's test. Timing-sensitive multi-process tests (exit
+watches, grace periods) thus see the cores they would see alone, and the
+other worker's tests wait.
+
+A readers-writer lock of two ``flock`` files in the session's folder: a
+turn is taken through a gate, so a waiting exclusive turn holds the gate
+and new shared turns queue behind it instead of starving it. Outside
+xdist (a plain ``pytest`` run) nothing is locked.
+"""
+import contextlib
+import fcntl
+import os
+
+_fds = {}
+_held = None   # None, "shared" or "exclusive"
+
+
+def _active() -> bool:
+    return bool(os.environ.get("PYTEST_XDIST_WORKER")) and \
+        os.path.isdir(os.environ.get("CHEMTRAIN_TEST_CACHE_ROOT", ""))
+
+
+def _fd(name):
+    if name not in _fds:
+        path = os.path.join(os.environ["CHEMTRAIN_TEST_CACHE_ROOT"], f"cores-{name}.lock")
+        _fds[name] = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    return _fds[name]
+
+
+def _take(kind):
+    global _held
+    fcntl.flock(_fd("gate"), fcntl.LOCK_EX)
+    try:
+        fcntl.flock(_fd("main"), fcntl.LOCK_SH if kind == "shared" else fcntl.LOCK_EX)
+    finally:
+        fcntl.flock(_fd("gate"), fcntl.LOCK_UN)
+    _held = kind
+
+
+def _give():
+    global _held
+    fcntl.flock(_fd("main"), fcntl.LOCK_UN)
+    _held = None
+
+
+@contextlib.contextmanager
+def turn(exclusive=False):
+    """One test's turn (conftest): shared, or exclusive for ``all_cores``."""
+    if not _active():
+        yield
+        return
+    _take("exclusive" if exclusive else "shared")
+    try:
+        yield
+    finally:
+        _give()
+
+
+@contextlib.contextmanager
+def all_cores():
+    """Within a test: run what follows alone (the shared turn is given up
+    first, so two workers that both ask never wait for each other)."""
+    if not _active() or _held == "exclusive":
+        yield
+        return
+    before = _held
+    if before:
+        _give()
+    _take("exclusive")
+    try:
+        yield
+    finally:
+        _give()
+        if before:
+            _take(before)
