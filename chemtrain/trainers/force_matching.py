@@ -320,8 +320,11 @@ class ForceMatching(HoldsState):
     @collective
     def predict(self, dataset: Mapping | None, params=None) -> dict:
         """Energies ``U`` (n,) and forces ``F`` (n, atoms, 3) of ``dataset`` as
-        numpy, on every process (under MPI only rank 0's dataset is read),
-        by :attr:`eval_params` or the given ``params`` (e.g. ``best_params``)."""
+        numpy (a trainer with a stress target also gives ``stress`` (n, 3, 3)
+        and ``has_stress``), on every process (under MPI only rank 0's
+        dataset is read), by :attr:`eval_params` or the given ``params``
+        (e.g. ``best_params``). The compiled model is the one ``evaluate``
+        runs: predicting data of the same shapes compiles nothing new."""
         params = self.eval_params if params is None else self.strategy.replicate(params)
         loader = self.data.in_memory(dataset, "dataset", shuffle=False, drop_last=False,
                                      required=("R",))
