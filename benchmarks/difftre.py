@@ -102,6 +102,7 @@ def md_ratio(system, timings, repeats):
 
 def update_times(system, timings, updates):
     from chemtrain import quantity
+    from chemtrain.learn import ReuseRule
     from chemtrain.trainers.difftre import DifftreParallel
     rdf = quantity.rdf_discretization(0.85, 130, 0.2)
     dtype = system["R0"].dtype
@@ -117,7 +118,7 @@ def update_times(system, timings, updates):
             reference_states=np.asarray(system["R0"])[None], reweight_ratio=ratio,
             # reweight-only means no recompute at all: the reuse bounds of
             # issue 31 (max_reuse_se, max_reuses) would recompute here too
-            max_reuse_se=None, max_reuses=None,
+            reuse=ReuseRule(pool=1, max_reuse_se=None, max_reuses=None),
             progress=False, checkpoint_path="/tmp/difftre_benchmark")
         trainer.initialize_trajstates()
         trainer.train(1)  # compile

@@ -10,10 +10,12 @@ from .reference_frames import ReferenceFrames
 from .relative_entropy import (RelEntropyFunctions, relative_entropy_functions,
                                relative_entropy_objective)
 from .statepoint import SimulationFunctions, StatePoint, make_statepoint, simulation_functions
+from .reuse import ReuseRule
 from .update import StepSizeSearch
 
 __all__ = ["ema", "reduce_on_plateau", "observe", "averaged", "update_scale", "squared",
            "huber", "conditional_huber", "TargetLoss", "Objective", "shared_contributions", "reuse_record", "difftre_objective",
            "relative_entropy_objective", "difftre_functions", "relative_entropy_functions",
            "DifftreFunctions", "RelEntropyFunctions", "StatePoint", "SimulationFunctions",
-           "simulation_functions", "make_statepoint", "ReferenceFrames", "StepSizeSearch"]
+           "simulation_functions", "make_statepoint", "ReferenceFrames", "StepSizeSearch",
+           "ReuseRule"]

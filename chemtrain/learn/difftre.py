@@ -40,6 +40,9 @@ import numpy as np
 
 from ..ensemble import box_kwargs, energy_kwargs
 from .difftre_batches import as_key, statepoint_batches, statepoint_key
+from .pool import pooled_weights
+from .step_size import (choose_step_size, scaled_params, step_size_candidates,
+                        step_size_violations)
 from .reuse import independent_samples, needs_recompute, reuse_distance, statistical_inefficiency
 
 # -- reweighting ----------------------------------------------------------
@@ -315,7 +318,12 @@ def make_statepoint_head(targets: Mapping, observables: Mapping, loss_fn: Callab
     (``aux`` without 'nbr_overflow'); ``observables`` resolved."""
     def head(U, qs, U_ref, target_values, state_kwargs, fixed_values=None):
         qs = dict(qs, **{k: fixed_values[k] for k in fixed})
-        weights = reweighting_weights(U, U_ref, state_kwargs["kT"])
+        if jnp.ndim(U_ref) == 3:   # a pool of trajectories (chemtrain.learn.pool)
+            weights, slot_n_eff = pooled_weights(U, U_ref, state_kwargs["kT"])
+            pool = {"n_eff": slot_n_eff[-1], "pool_n_eff": slot_n_eff}
+        else:
+            weights = reweighting_weights(U, U_ref, state_kwargs["kT"])
+            pool = {"n_eff": effective_sample_size(weights)}
         predictions = {name: fn(qs, weights) for name, fn in observables.items()}
         for name in targets:
             got, want = jnp.shape(predictions[name]), jnp.shape(target_values[name])
@@ -327,8 +335,7 @@ def make_statepoint_head(targets: Mapping, observables: Mapping, loss_fn: Callab
             value, parts = statepoint_loss(predictions, targets, target_values)
         else:
             value, parts = _scalar(loss_fn(predictions, target_values), "loss_fn"), {}
-        return value, {"predictions": predictions, "parts": parts, "weights": weights,
-                       "n_eff": effective_sample_size(weights)}
+        return value, {"predictions": predictions, "parts": parts, "weights": weights, **pool}
     return head
 
 
@@ -378,42 +385,3 @@ def make_neff_fn(energy_fn_template: Callable, vmap_batch: int | None = 10) -> C
         return effective_sample_size(reweighting_weights(U, U_ref, kT))
 
     return n_eff
-
-
-# -- step-size search -------------------------------------------------------
-
-
-def step_size_candidates(n: int = 10) -> np.ndarray:
-    """Scales of the optimizer's step tried by the search, largest first:
-    1, 1/2, 1/4, ... (``n`` values)."""
-    if n < 1:
-        raise ValueError(f"The step-size search needs at least one candidate, got n={n}.")
-    return 0.5 ** np.arange(n)
-
-
-def scaled_params(params, updates, scale):
-    """``params + scale * updates`` (leaf-wise)."""
-    return jax.tree.map(lambda p, u: p + jnp.asarray(scale, jnp.result_type(p)) * u,
-                        params, updates)
-
-
-def step_size_violations(n_eff_candidates, n_eff_now, allowed_reduction):
-    """Per candidate scale, how many state points would lose too much of
-    their effective sample size: ``n_eff_candidates`` has shape
-    (state points, candidates), ``n_eff_now`` (state points,). A candidate
-    is allowed when ``N_eff(candidate) >= allowed_reduction * N_eff(now)``
-    for every state point. Sum these counts over processes before choosing."""
-    cand = np.asarray(n_eff_candidates, np.float64).reshape(len(np.atleast_1d(n_eff_now)), -1)
-    now = np.asarray(n_eff_now, np.float64).reshape(-1, 1)
-    return np.sum(~(cand >= allowed_reduction * now), axis=0).astype(np.int64)
-
-
-def choose_step_size(candidates, violations) -> tuple[float, bool]:
-    """The largest candidate without violations; (scale, found). When every
-    candidate violates the bound the smallest is returned with found=False."""
-    candidates, violations = np.asarray(candidates), np.asarray(violations)
-    order = np.argsort(-candidates)
-    for i in order:
-        if violations[i] == 0:
-            return float(candidates[i]), True
-    return float(candidates[order[-1]]), False

@@ -197,7 +197,8 @@ def plot_predictions(statepoints, history, predictions: dict, plot_x: dict, path
 def difftre_objective() -> Objective:
     """DiffTRe's :class:`~chemtrain.learn.objective.Objective`: per state
     point the target loss of its reweighted observables; the update's loss
-    is the mean over the batch's state points. Its state points carry
-    :func:`difftre_functions` as ``fns.method``."""
+    is the mean over the batch's state points, reweighted from a pool of
+    recent trajectories (:mod:`chemtrain.learn.pool`). Its state points
+    carry :func:`difftre_functions` as ``fns.method``."""
     return Objective("DiffTRe", _result, _contributions, _records, derive=fixed_quantities,
-                     check=check_first_configuration, plot=plot_predictions)
+                     check=check_first_configuration, plot=plot_predictions, pools=True)

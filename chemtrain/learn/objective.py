@@ -74,6 +74,10 @@ class Objective:
       plot: the figure of the trainer's ``plot``; None: the trainer has none.
       numbers: per-method plain numbers of a new state point, e.g.
         ``{"s_rel": 0.0}``: the trainer's state holds one list per key.
+      pools: whether ``derive`` and ``result`` accept a pool of recent
+        trajectories (:mod:`chemtrain.learn.pool`) in place of one; the
+        loop then reweights from a pool sized by its
+        :class:`~chemtrain.learn.reuse.ReuseRule`. False: one trajectory.
     """
 
     name: str
@@ -86,6 +90,7 @@ class Objective:
     check: Callable = _no_check
     plot: Callable | None = None
     numbers: dict = dataclasses.field(default_factory=dict)
+    pools: bool = False
 
 
 def shared_contributions(batch: Sequence[int], results, params) -> dict:

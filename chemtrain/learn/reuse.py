@@ -31,6 +31,7 @@ by 0.9-1.8 %.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -121,3 +122,69 @@ def check_reuse(reweight_ratio, max_reuse_se, max_reuses) -> None:
         raise ValueError(f"max_reuses must be a whole number >= 0 (updates a trajectory may "
                          f"serve after the one it was sampled for; 0 recomputes every update) "
                          f"or None (no limit), got {max_reuses!r}.")
+
+
+MAX_AUTO_POOL = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class ReuseRule:
+    """When the reweighting trainers reuse a state point's trajectories and
+    from how many they reweight (beside upstream chemtrain's
+    ``reweight_ratio``, which the trainers take as a keyword).
+
+    Attributes:
+      pool: the number of recent trajectories per state point reweighted
+        together (:mod:`chemtrain.learn.pool`); None chooses it from the
+        state point's step counts (:meth:`pool_size`): as many as cost
+        about half a recompute per update, at most 20, 1 when a
+        trajectory has few steps per snapshot. Relative entropy uses 1.
+      max_reuses: recompute a trajectory that has served this many updates
+        after the one it was sampled for (None: no limit).
+      max_reuse_se: with one trajectory (a pool of 1), also recompute once
+        the parameters have moved more than this many standard errors of
+        its own estimate (:func:`reuse_distance`; None: no limit). A pool
+        averages that error instead, so it is not applied to pools.
+
+    With a pool, a trajectory is recomputed when no trajectory of the pool
+    keeps ``N_eff >= reweight_ratio * N`` under the current parameters or
+    by ``max_reuses``; with one, when it loses that overlap, by
+    ``max_reuse_se`` or by ``max_reuses`` (:func:`needs_recompute`).
+    """
+
+    pool: int | None = None
+    max_reuses: int | None = 4
+    max_reuse_se: float | None = 0.2
+
+    def __post_init__(self):
+        check_reuse(0.5, self.max_reuse_se, self.max_reuses)
+        if self.pool is not None and (isinstance(self.pool, bool) or not isinstance(
+                self.pool, (int, np.integer)) or self.pool < 1):
+            raise ValueError(f"ReuseRule: pool must be a whole number >= 1 (trajectories per "
+                             f"state point reweighted together) or None (chosen from the "
+                             f"step counts), got {self.pool!r}.")
+
+    def pool_size(self, timings) -> int:
+        """The pool of a state point with these
+        :class:`~chemtrain.simulate.Timings`: ``pool``, or when None
+        ``total steps // (6 * snapshots)`` clipped to [1, 20]. Reweighting a
+        snapshot costs about three energy evaluations (forward pass, then
+        forward and backward again in the gradient's second pass) and a
+        step one force evaluation, so this many trajectories cost about half
+        a recompute per update."""
+        if self.pool is not None:
+            return int(self.pool)
+        steps = int(timings.n_equilibration_steps) + int(timings.n_production_steps)
+        return int(min(MAX_AUTO_POOL, max(1, steps // (6 * max(1, int(timings.n_snapshots))))))
+
+    def recompute(self, n_eff, n_snapshots, reweight_ratio, n_independent, reuses,
+                  pool: int = 1) -> bool:
+        """Whether a state point's trajectory must be recomputed: ``n_eff``
+        is its trajectory's N_eff under the current parameters, or with a
+        pool (``pool > 1``) the largest N_eff of the pool's trajectories;
+        ``n_snapshots`` per trajectory; ``reuses`` of the newest."""
+        if pool > 1:
+            return needs_recompute(n_eff, n_snapshots, reweight_ratio, reuses=reuses,
+                                   max_reuses=self.max_reuses)
+        return needs_recompute(n_eff, n_snapshots, reweight_ratio, n_independent,
+                               self.max_reuse_se, reuses, self.max_reuses)

@@ -41,6 +41,8 @@ class SimulationFunctions:
         objective (DiffTRe), empty for relative entropy.
       method: the objective's own compiled functions (a frozen value of its
         choosing, e.g. DiffTRe's loss and gradient), or None.
+      timings: the :class:`~chemtrain.simulate.Timings` of one trajectory
+        (they size a pool: :meth:`chemtrain.learn.reuse.ReuseRule.pool_size`).
     """
 
     energy_fn_template: Callable
@@ -51,6 +53,7 @@ class SimulationFunctions:
     n_eff_candidates: Callable
     quantities: Mapping = dataclasses.field(default_factory=dict)
     method: Any = None
+    timings: Any = None
 
     def with_method(self, method, quantities: Mapping | None = None) -> "SimulationFunctions":
         """A copy carrying an objective's own functions (and quantities)."""
@@ -94,7 +97,7 @@ def simulation_functions(energy_fn_template, simulator_template, neighbor_fn, ti
     return SimulationFunctions(
         energy_fn_template, neighbor_fn, init_fn, run_fn,
         jax.jit(lambda p, R, nbrs, kw: energy_fn_template(p)(R, neighbor=nbrs, **kw)),
-        jax.jit(candidates))
+        jax.jit(candidates), timings=timings)
 
 
 @dataclasses.dataclass(frozen=True)

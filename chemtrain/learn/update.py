@@ -68,7 +68,10 @@ def chains_of(trajs):
 
 
 def energies_of(trajs):
-    """The reference energies of every snapshot of all chains, in order."""
+    """The reference energies of every snapshot of all chains, in order; of
+    pooled chains (:mod:`chemtrain.learn.pool`), ``(chains, slots, n)``."""
+    if jnp.ndim(trajs[0].U_ref) == 2:
+        return jnp.stack([t.U_ref for t in trajs])
     return jnp.concatenate([jnp.ravel(t.U_ref) for t in trajs])
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from ..learn.difftre import resolve_observables
 from ..learn.difftre_batches import statepoint_batches
 from ..learn.difftre_objective import difftre_functions, difftre_objective
+from ..learn.reuse import ReuseRule
 from ..learn.statepoint import simulation_functions, statepoint_inputs
 from ..learn.update import StepSizeSearch
 from ..simulate.restart import RestartPolicy
@@ -61,18 +62,15 @@ class DifftreParallel(Reweighting):
         trainer with the same data and calls the same methods in the same
         order; recomputed trajectories are sent to every rank).
       reweight_ratio: recompute a trajectory when N_eff < ratio x N.
-      max_reuse_se: also recompute once the parameters have moved more than
-        this many standard errors of the trajectory's own estimate since it
-        was sampled (:func:`chemtrain.learn.reuse.reuse_distance`, from N_eff
-        and the trajectory's decorrelated samples); default 0.2. Without it
-        (None) an optimiser that keeps reusing one trajectory settles on
-        that trajectory's sampling noise (19 % off a known bond constant in
-        ``benchmarks/reweighting_known_answers.py``).
-      max_reuses: recompute a trajectory that has served this many updates
-        after the one it was sampled for (default 4; 0 recomputes every
-        update; None: no limit). A reused trajectory's error repeats in
-        every update, so without a limit a decaying learning rate stops
-        annealing it (:mod:`chemtrain.learn.reuse`).
+      reuse: the rest of the reuse rule, a :class:`~chemtrain.learn.ReuseRule`
+        (None: its defaults). By default each state point reweights from a
+        pool of its recent trajectories (:mod:`chemtrain.learn.pool`) as
+        large as costs about half a recompute per update (at most 20, from
+        the step counts; 1 for trajectories of few steps per snapshot), so
+        no one trajectory's sampling error is fitted, and recomputes when no
+        trajectory of the pool keeps ``N_eff >= reweight_ratio * N`` or
+        after ``max_reuses=4`` reuses. ``ReuseRule(pool=1,
+        max_reuse_se=None, max_reuses=None)`` is upstream chemtrain's rule.
       loss_fn: ``fn(predictions, targets) -> loss`` replacing the gamma-
         weighted sum of per-target losses.
       step_size_search: a :class:`~chemtrain.learn.StepSizeSearch`
@@ -117,7 +115,7 @@ class DifftreParallel(Reweighting):
                  reference_states=None, loss_fn: Callable | None = None,
                  vmap_batch: int | None = 10, sim_batch_size: int = 1,
                  reweight_ratio: float = 0.9, parallelism: str = "auto",
-                 max_reuse_se: float | None = 0.2, max_reuses: int | None = 4,
+                 reuse: ReuseRule | None = None,
                  step_size_search: StepSizeSearch | bool | None = None,
                  restart: RestartPolicy | None = None, checkpoint_path: str = "checkpoints",
                  log_file: str | None = None, plot_file: str | None = None, plot_x=None,
@@ -129,7 +127,7 @@ class DifftreParallel(Reweighting):
         super().__init__(
             difftre_objective(), key, init_params, optimizer, trainer_name="DifftreParallel",
             state_class=DifftreState, sim_batch_size=sim_batch_size, parallelism=parallelism,
-            reweight_ratio=reweight_ratio, max_reuse_se=max_reuse_se, max_reuses=max_reuses,
+            reweight_ratio=reweight_ratio, reuse=reuse,
             step_size_search=step_size_search, restart=restart,
             checkpoint_path=checkpoint_path, log_file=log_file, plot_file=plot_file,
             plot_x=plot_x, progress=progress, consistency_check_every=consistency_check_every,
@@ -214,12 +212,8 @@ class Difftre(Reweighting):
       loss_fn: default ``fn(predictions, targets) -> loss`` for state points
         added without one (None: the gamma-weighted sum of per-target losses).
       parallelism: 'auto', 'single' or 'mpi'; as in :class:`DifftreParallel`.
-      max_reuse_se: recompute once the parameters have moved more than this
-        many standard errors of the trajectory's own estimate (a positive
-        number, or None for no such limit); as in :class:`DifftreParallel`.
-      max_reuses: recompute a trajectory that has served this many updates
-        after the one it was sampled for (a whole number >= 0, or None for no
-        limit); as in :class:`DifftreParallel`.
+      reuse: a :class:`~chemtrain.learn.ReuseRule` or None; as in
+        :class:`DifftreParallel`.
       step_size_search: a :class:`~chemtrain.learn.StepSizeSearch`
         (``candidates``, ``allowed_reduction``): each update is scaled down
         (1, 1/2, 1/4, ...) until N_eff keeps ``allowed_reduction`` of its
@@ -259,8 +253,8 @@ class Difftre(Reweighting):
         order they were added.
 
     Raises:
-      ValueError: if ``reweight_ratio``, ``max_reuse_se``, ``max_reuses`` or
-        ``sim_batch_size`` is out of range, if ``sim_batch_size`` is smaller than the number of MPI
+      ValueError: if ``reweight_ratio`` or ``sim_batch_size`` is out of
+        range, if ``sim_batch_size`` is smaller than the number of MPI
         ranks, if ``parallelism`` is unknown or asks for JAX sharding (also
         when ``jax.distributed`` runs several processes), if ``init_params``
         holds no arrays, or if ``log_file`` is a folder.
@@ -273,7 +267,7 @@ class Difftre(Reweighting):
     def __init__(self, init_params, optimizer, reweight_ratio: float = 0.9,
                  sim_batch_size: int = 1, energy_fn_template: Callable | None = None, *,
                  key=None, loss_fn: Callable | None = None, parallelism: str = "auto",
-                 max_reuse_se: float | None = 0.2, max_reuses: int | None = 4,
+                 reuse: ReuseRule | None = None,
                  step_size_search: StepSizeSearch | bool | None = None,
                  restart: RestartPolicy | None = None, checkpoint_path: str = "checkpoints",
                  log_file: str | None = None, plot_file: str | None = None, plot_x=None,
@@ -284,7 +278,7 @@ class Difftre(Reweighting):
         super().__init__(
             difftre_objective(), key, init_params, optimizer, trainer_name="Difftre",
             state_class=DifftreState, sim_batch_size=sim_batch_size, parallelism=parallelism,
-            reweight_ratio=reweight_ratio, max_reuse_se=max_reuse_se, max_reuses=max_reuses,
+            reweight_ratio=reweight_ratio, reuse=reuse,
             step_size_search=step_size_search, restart=restart,
             checkpoint_path=checkpoint_path, log_file=log_file, plot_file=plot_file,
             plot_x=plot_x, progress=progress, consistency_check_every=consistency_check_every,

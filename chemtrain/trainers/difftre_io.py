@@ -114,9 +114,37 @@ def check_replaceable(path: str, run_id: str) -> None:
                           f"it. Choose another path, or pass overwrite=True.")
 
 
+def pool_to_host(older: dict) -> tuple[dict, dict]:
+    """(numpy pytree, JSON-able info) of the pools' earlier trajectories
+    ``{state point: [[TrajState per chain] per trajectory]}``, as
+    :func:`trajstates_to_host` writes each."""
+    data, info = {}, {}
+    for i in sorted(k for k, slots in older.items() if slots):
+        d, n = trajstates_to_host(dict(enumerate(older[i])))
+        data[f"{i:05d}"] = [d[f"{k:05d}"] for k in range(len(older[i]))]
+        info[f"{i:05d}"] = [n[f"{k:05d}"] for k in range(len(older[i]))]
+    return data, info
+
+
+def pool_from_host(statepoints, params, meta: dict, leaves, path) -> dict:
+    """Inverse of :func:`pool_to_host` from a file's 'trajpool' tree (empty
+    without one), checked leaf by leaf as :func:`trajstates_from_host`."""
+    info = meta.get("trajpool") or {}
+    if not info:
+        return {}
+    cache = {}
+    template = {k: [[_template(statepoints[int(k)], params, c, ci, cache)
+                     for c, ci in enumerate(slot)] for slot in slots]
+                for k, slots in info.items()}
+    host = ckpt.unflatten_like(template, leaves, meta["trees"]["trajpool"], "trajpool")
+    return {int(k): [[jax.tree.map(jnp.asarray, t) for t in slot] for slot in slots]
+            for k, slots in host.items()}
+
+
 def read(path: str, trainer_name: str):
-    """(meta, leaves of the 'trajstates' tree) of a trajectory-state file or
-    a checkpoint; refuses error states and other trainers' files."""
+    """(meta, leaves of the 'trajstates' tree, leaves of the 'trajpool' tree
+    or None) of a trajectory-state file or a checkpoint; refuses error
+    states and other trainers' files."""
     meta, leaves = ckpt.load(os.fspath(path))
     check_kind(path, meta, ("checkpoint", "trajstates"))
     if meta.get("trainer", trainer_name) != trainer_name:
@@ -124,7 +152,7 @@ def read(path: str, trainer_name: str):
                                    f"{trainer_name}.")
     if "trajstates" not in leaves:
         raise ckpt.CheckpointError(f"{path!r} holds no trajectory states.")
-    return meta, leaves["trajstates"]
+    return meta, leaves["trajstates"], leaves.get("trajpool")
 
 
 def _template(sp, params, chain: int, info: dict, cache: dict):

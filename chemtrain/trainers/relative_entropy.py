@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..learn.reference_frames import ReferenceFrames
+from ..learn.reuse import ReuseRule
 from ..learn.relative_entropy import relative_entropy_functions, relative_entropy_objective
 from ..learn.statepoint import simulation_functions, statepoint_inputs
 from ..learn.update import StepSizeSearch
@@ -75,12 +76,9 @@ class RelativeEntropy(Reweighting):
       key: JAX random key, or an integer seed, from which the trajectory and
         reference-batch keys derive; None means ``PRNGKey(0)``.
       parallelism: 'auto', 'single' or 'mpi'; as in :class:`DifftreParallel`.
-      max_reuse_se: recompute once the parameters have moved more than this
-        many standard errors of the trajectory's own estimate (a positive
-        number, or None for no such limit).
-      max_reuses: recompute a trajectory that has served this many updates
-        after the one it was sampled for (a whole number >= 0, or None for no
-        limit).
+      reuse: a :class:`~chemtrain.learn.ReuseRule` (``max_reuse_se``,
+        ``max_reuses``) or None (its defaults); relative entropy reweights
+        one trajectory per state point, so its ``pool`` must be 1 or None.
       step_size_search: a :class:`~chemtrain.learn.StepSizeSearch`
         (``candidates``, ``allowed_reduction``): each update is scaled down
         (1, 1/2, 1/4, ...) until N_eff keeps ``allowed_reduction`` of its
@@ -123,9 +121,9 @@ class RelativeEntropy(Reweighting):
         configurations.
 
     Raises:
-      ValueError: if ``reweight_ratio``, ``max_reuse_se``, ``max_reuses`` or
-        ``sim_batch_size`` is out of range, if ``sim_batch_size`` is smaller than the number of MPI
-        ranks, if ``parallelism`` is unknown or asks for JAX sharding (also
+      ValueError: if ``reweight_ratio`` or ``sim_batch_size`` is out of
+        range, if ``reuse`` asks for a pool, if ``sim_batch_size`` is smaller
+        than the number of MPI ranks, if ``parallelism`` is unknown or asks for JAX sharding (also
         when ``jax.distributed`` runs several processes), if ``init_params``
         holds no arrays, or if ``log_file`` is a folder.
       TypeError: if ``optimizer`` is not an ``optax.GradientTransformation``,
@@ -137,7 +135,7 @@ class RelativeEntropy(Reweighting):
     def __init__(self, init_params, optimizer, reweight_ratio: float = 0.9,
                  sim_batch_size: int = 1, energy_fn_template: Callable | None = None, *,
                  key=None, parallelism: str = "auto",
-                 max_reuse_se: float | None = 0.2, max_reuses: int | None = 4,
+                 reuse: ReuseRule | None = None,
                  step_size_search: StepSizeSearch | bool | None = None,
                  restart: RestartPolicy | None = None, checkpoint_path: str = "checkpoints",
                  log_file: str | None = None, plot_file: str | None = None, plot_x=None,
@@ -148,7 +146,7 @@ class RelativeEntropy(Reweighting):
             relative_entropy_objective(), key, init_params, optimizer,
             trainer_name="RelativeEntropy", state_class=RelEntropyState,
             sim_batch_size=sim_batch_size, parallelism=parallelism,
-            reweight_ratio=reweight_ratio, max_reuse_se=max_reuse_se, max_reuses=max_reuses,
+            reweight_ratio=reweight_ratio, reuse=reuse,
             step_size_search=step_size_search, restart=restart,
             checkpoint_path=checkpoint_path, log_file=log_file, plot_file=plot_file,
             plot_x=plot_x, progress=progress, consistency_check_every=consistency_check_every,

@@ -28,7 +28,7 @@ from ..compile_cache import enable as enable_compile_cache
 from ..learn.difftre import scaled_params
 from ..learn.difftre_batches import as_key, statepoint_batches
 from ..learn.objective import Objective
-from ..learn.reuse import check_reuse
+from ..learn.reuse import ReuseRule
 from ..learn.statepoint import StatePoint, check_plot_x, fingerprint, make_statepoint
 from ..parallel import make_strategy, on_root, raised_everywhere
 from ..simulate.restart import RestartPolicy
@@ -37,7 +37,7 @@ from .checkpoints import CheckpointStore
 from .report import Reporter, check_epochs, close_epoch
 from .reweighting_update import (Loop, TimedCollectives, UpdateRefused, apply_update,
                                  check_arguments, check_optimizer_state, policies,
-                                 reuses_of)
+                                 pool_size, reuse_rule, reuses_of)
 from .services import check_consistency, collective, init_state
 from .state import DifftreState, HoldsState
 from .trajectories import TrajectoryStore
@@ -68,10 +68,9 @@ class Reweighting(HoldsState):
       sim_batch_size: state points per update (-1: all); a remainder joins
         the last batch; under MPI at least the number of ranks.
       parallelism: 'auto', 'single' or 'mpi'.
-      reweight_ratio: recompute a trajectory when N_eff < ratio x N.
-      max_reuse_se: recompute once the parameters moved more than this many
-        standard errors of the trajectory's own estimate (None: no limit).
-      max_reuses: recompute after this many reuses (None: no limit).
+      reweight_ratio: recompute when N_eff < ratio x N (every one of a pool).
+      reuse: the rest of the reuse rule, a
+        :class:`~chemtrain.learn.ReuseRule` (None: its defaults).
       step_size_search: a :class:`~chemtrain.learn.update.StepSizeSearch`,
         True (its defaults) or None (no search).
       restart: the :class:`~chemtrain.simulate.RestartPolicy` of
@@ -90,15 +89,15 @@ class Reweighting(HoldsState):
     def __init__(self, objective: Objective, key, init_params, optimizer, *,
                  trainer_name: str = "Reweighting", state_class=DifftreState,
                  sim_batch_size: int = 1, parallelism: str = "auto",
-                 reweight_ratio: float = 0.9, max_reuse_se: float | None = 0.2,
-                 max_reuses: int | None = 4, step_size_search=None,
-                 restart: RestartPolicy | None = None, checkpoint_path: str = "checkpoints",
+                 reweight_ratio: float = 0.9, reuse: ReuseRule | None = None,
+                 step_size_search=None, restart: RestartPolicy | None = None,
+                 checkpoint_path: str = "checkpoints",
                  log_file: str | None = None, plot_file: str | None = None, plot_x=None,
                  progress: bool = True, consistency_check_every: int | None = None,
                  name: str = "reweighting", on_update=None):
         check_arguments(objective, state_class, optimizer, on_update)
         enable_compile_cache()
-        check_reuse(reweight_ratio, max_reuse_se, max_reuses)
+        self.reuse = reuse_rule(reuse, reweight_ratio, objective)
         self.step_size_search, self.restart = policies(step_size_search, restart)
         statepoint_batches(max(1, sim_batch_size), sim_batch_size)  # type/range check
         self.objective, self.trainer_name, self.state_class = objective, trainer_name, state_class
@@ -111,13 +110,10 @@ class Reweighting(HoldsState):
                              f"-1 (all state points in one update), or fewer ranks.")
         self.key = jnp.asarray(as_key(key))
         self.optimizer, self.sim_batch_size = optimizer, sim_batch_size
-        self.reweight_ratio = float(reweight_ratio)
-        self.max_reuse_se = None if max_reuse_se is None else float(max_reuse_se)
-        self.max_reuses = None if max_reuses is None else int(max_reuses)
-        self.plot_file, self.plot_x = plot_file, dict(plot_x or {})
-        self.consistency_check_every, self.name, self.on_update = (consistency_check_every,
-                                                                  name, on_update)
-        self.reporter = Reporter(self.strategy, log_file, progress)
+        self.reweight_ratio, self.plot_file, self.plot_x = (float(reweight_ratio), plot_file,
+                                                            dict(plot_x or {}))
+        self.consistency_check_every, self.name = consistency_check_every, name
+        self.on_update, self.reporter = on_update, Reporter(self.strategy, log_file, progress)
         # nothing is placed: every process computes whole state points on its
         # default device, with uncommitted arrays (so compiled functions are
         # reused whatever produced their inputs)
@@ -150,6 +146,8 @@ class Reweighting(HoldsState):
     history = property(lambda self: self.state.history)
     epoch_losses = property(lambda self: self.state.epoch_losses)
     update_losses = property(lambda self: self.state.update_losses)
+    max_reuse_se = property(lambda self: self.reuse.max_reuse_se)
+    max_reuses = property(lambda self: self.reuse.max_reuses)
 
     @collective
     def add(self, fns, state_kwargs, reference, targets=None, target_values=None,
@@ -173,6 +171,7 @@ class Reweighting(HoldsState):
                              target_values or {}, n_snapshots, name, data)
         check_plot_x(self.plot_x, sp)
         self.statepoints.append(sp)
+        self.trajectories.pools[sp.index] = pool_size(self.reuse, self.objective, sp)
         n = self.n_statepoints
         grown = {k: [*getattr(self.state, k), *[v] * (n - len(getattr(self.state, k)))]
                  for k, v in self.objective.numbers.items()}
@@ -211,7 +210,7 @@ class Reweighting(HoldsState):
 
     def _loop(self) -> Loop:
         return Loop(self.objective, tuple(self.statepoints), self.trajectories, self.comm,
-                    self.key, (self.reweight_ratio, self.max_reuse_se, self.max_reuses),
+                    self.key, (self.reweight_ratio, self.reuse),
                     self.step_size_search, self._opt_update, self._apply)
 
     # -- sampling ---------------------------------------------------------------
@@ -239,8 +238,8 @@ class Reweighting(HoldsState):
             return new
 
         new = self.comm.agree(compute, "sampling initial trajectories")
-        self.trajectories.put(self.comm.timed(self.trajectories.exchange, self.statepoints,
-                                              self.params, new))
+        self.trajectories.replace(self.comm.timed(self.trajectories.exchange,
+                                                  self.statepoints, self.params, new))
         reuses = reuses_of(self.state, self.n_statepoints)
         for i in chosen:
             reuses[i] = 0   # a fresh trajectory
@@ -334,10 +333,9 @@ class Reweighting(HoldsState):
 
     def _capture(self, with_trajstates: bool = True):
         return files.capture(self.store, self.state, self.trajectories, self.statepoints,
-                             {"reweight_ratio": self.reweight_ratio,
-                              "max_reuse_se": self.max_reuse_se, "max_reuses": self.max_reuses,
-                              "n_statepoints": self.n_statepoints,
-                              "sim_batch_size": self.sim_batch_size}, with_trajstates)
+                             files.settings(self.reweight_ratio, self.reuse, self.trajectories,
+                                            self.n_statepoints, self.sim_batch_size),
+                             with_trajstates)
 
     # -- files (chemtrain.trainers.reweighting_files) -------------------------
     @collective
@@ -368,6 +366,7 @@ class Reweighting(HoldsState):
                                "sim_batch_size": self.sim_batch_size})
         self.state = jax.tree.map(jnp.asarray, state)  # uncommitted, as trained ones
         self._stopped = None
+        files.adopt_pools(meta, self.reuse, self.trajectories)
         if trajstates and meta.get("trajstates"):
             self.load_trajstates(path)
 
@@ -384,10 +383,11 @@ class Reweighting(HoldsState):
         """Load trajectory states written by :meth:`save_trajstates` or with a
         checkpoint, each state point checked on its first configuration;
         training then continues exactly where they were saved."""
-        loaded = self.trajectories.read(self.statepoints, self.params, path, self.trainer_name)
+        loaded, older = self.trajectories.read(self.statepoints, self.params, path,
+                                               self.trainer_name)
         for i, trajs in loaded.items():
             self._check(self.statepoints[i], trajs)
-        self.trajectories.put(loaded)
+        self.trajectories.replace(loaded, older)
 
     @collective
     def plot(self, path: str) -> None:

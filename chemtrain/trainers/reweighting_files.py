@@ -20,8 +20,27 @@ def capture(store, state, trajectories, statepoints, settings: dict,
     meta = dict(meta, **settings)
     if with_trajstates and trajectories.states:
         data, info = trajectories.to_host(statepoints)
-        trees["trajstates"], meta["trajstates"] = data, info
+        trees.update(data)
+        meta.update(info)
     return trees, meta
+
+
+def settings(reweight_ratio, rule, trajectories, n_statepoints: int,
+             sim_batch_size: int) -> dict:
+    """What a checkpoint records of the loop's settings: the reuse rule, each
+    state point's pool size, the state-point count and sim_batch_size."""
+    return {"reweight_ratio": reweight_ratio, "max_reuse_se": rule.max_reuse_se,
+            "max_reuses": rule.max_reuses,
+            "pools": [trajectories.pools.get(i, 1) for i in range(n_statepoints)],
+            "n_statepoints": n_statepoints, "sim_batch_size": sim_batch_size}
+
+
+def adopt_pools(meta: dict, rule, trajectories) -> None:
+    """A checkpoint written before pools (no 'pools' entry) continues as its
+    run would have, from one trajectory per state point, unless the
+    trainer's :class:`~chemtrain.learn.ReuseRule` names a pool size."""
+    if "pools" not in meta and rule.pool is None:
+        trajectories.pools.update({i: 1 for i in trajectories.pools})
 
 
 def why_not_resumable(epoch: int, in_callback: bool, stopped, folder: str) -> str | None:
@@ -64,5 +83,4 @@ def save_trajstates(store, trajectories, statepoints, epoch: int, path: str,
         on_root(store.strategy, lambda: difftre_io.check_replaceable(path, store.run_id),
                 only_root=True)
     data, info = trajectories.to_host(statepoints)
-    store.save(path, {"trajstates": data}, {"trajstates": info, "epoch": epoch},
-               kind="trajstates")
+    store.save(path, data, dict(info, epoch=epoch), kind="trajstates")

@@ -26,7 +26,7 @@ from ..learn import update as upd
 from ..learn.diagnose import all_finite
 from ..learn.difftre_batches import statepoint_key, train_key
 from ..learn.objective import Objective
-from ..learn.reuse import independent_samples, needs_recompute, reuse_distance
+from ..learn.reuse import ReuseRule, check_reuse, independent_samples, reuse_distance
 from ..learn.update import StepSizeSearch
 from ..parallel import agree
 from ..simulate.restart import RestartPolicy
@@ -98,6 +98,30 @@ def policies(step_size_search, restart) -> tuple[StepSizeSearch | None, RestartP
     return step_size_search, restart
 
 
+def reuse_rule(rule, reweight_ratio, objective) -> ReuseRule:
+    """The loop's :class:`~chemtrain.learn.ReuseRule` from what a user passes
+    (None: its defaults), with ``reweight_ratio`` checked; an objective
+    without pools (relative entropy) refuses a pool of more than one."""
+    check_reuse(reweight_ratio, None, None)
+    rule = ReuseRule() if rule is None else rule
+    if not isinstance(rule, ReuseRule):
+        raise TypeError(f"reuse must be a chemtrain.learn.ReuseRule(pool, max_reuses, "
+                        f"max_reuse_se) or None (its defaults), got {type(rule).__name__}.")
+    if not objective.pools and rule.pool not in (None, 1):
+        raise ValueError(f"{objective.name} reweights one trajectory per state point, but "
+                         f"reuse=ReuseRule(pool={rule.pool}) asks for a pool of {rule.pool}. "
+                         f"Use pool=1 or None.")
+    return rule
+
+
+def pool_size(rule: ReuseRule, objective, sp) -> int:
+    """State point ``sp``'s pool under ``rule`` (1 for an objective without
+    pools or without the state point's timings)."""
+    if not objective.pools or sp.fns.timings is None:
+        return 1
+    return rule.pool_size(sp.fns.timings)
+
+
 class TimedCollectives:
     """A process's collectives during an epoch, timed: ``comm_s`` spent in
     exchanges and sums, ``wait_s`` waiting for the other processes' work
@@ -142,7 +166,9 @@ class Loop:
         update replaces recomputed trajectories in it once it is applied).
       comm: the epoch's :class:`TimedCollectives`.
       key: the run's random key.
-      reuse: ``(reweight_ratio, max_reuse_se, max_reuses)``, the reuse rule.
+      reuse: ``(reweight_ratio, rule)``, the reuse rule (``rule`` a
+        :class:`~chemtrain.learn.reuse.ReuseRule`); the store's ``pools``
+        give each state point's pool size.
       step_size_search: a :class:`StepSizeSearch` or None.
       opt_update: the optimizer's compiled ``update``.
       apply: compiled ``(params, updates, scale) -> params``.
@@ -180,22 +206,24 @@ def local_results(loop: Loop, state, local, params):
     (results, inputs, new trajectories)."""
     out, inputs, new = {}, {}, {}
     objective, reuses = loop.objective, reuses_of(state, len(loop.statepoints))
-    ratio, max_se, max_reuses = loop.reuse
+    (ratio, rule), store = loop.reuse, loop.trajectories
     for i in local:
-        sp, trajs = loop.statepoints[i], loop.trajectories.states[i]
+        sp, trajs = loop.statepoints[i], store.states[i]
         inputs[i] = objective.inputs(sp, lambda stream, i=i: statepoint_key(
             jax.random.fold_in(loop.key, stream), i, state.update_count))
-        derived = loop.trajectories.derived_of(objective, sp, params)
-        result = objective.result(sp, params, trajs, derived, inputs[i])
+        derived = store.derived_of(objective, sp, params)
+        result = objective.result(sp, params, store.sample(i), derived, inputs[i])
         n_eff_start = float(result["aux"]["n_eff"])
         n_indep = independent_samples([np.asarray(t.U_ref) for t in trajs])
         distance = reuse_distance(n_eff_start, sp.n_snapshots, n_indep)
-        recompute = needs_recompute(n_eff_start, sp.n_snapshots, ratio, n_indep, max_se,
-                                    reuses[i], max_reuses)
+        best = float(np.max(result["aux"].get("pool_n_eff", n_eff_start)))
+        recompute = rule.recompute(best, sp.n_snapshots, ratio, n_indep, reuses[i],
+                                   store.pools.get(i, 1))
         if recompute:
             keys = [train_key(loop.key, i, state.update_count, c) for c in range(len(trajs))]
-            trajs = new[i] = loop.trajectories.run(sp, params, trajs, keys)
-            result = objective.result(sp, params, trajs, objective.derive(sp, params, trajs),
+            trajs = new[i] = store.run(sp, params, trajs, keys)
+            sample = store.sample(i, trajs)
+            result = objective.result(sp, params, sample, objective.derive(sp, params, sample),
                                       inputs[i])
         out[i] = dict(result, n_eff_start=n_eff_start, recomputed=recompute,
                       n_independent=n_indep, reuse_se=distance)

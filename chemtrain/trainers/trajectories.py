@@ -6,6 +6,7 @@ processes and their plain-data files (:mod:`.difftre_io`)."""
 from __future__ import annotations
 
 from ..learn.difftre_batches import statepoint_key
+from ..learn.pool import pooled
 from ..parallel import on_root
 from . import difftre_io
 
@@ -19,27 +20,60 @@ class TrajectoryStore:
       restart: the :class:`~chemtrain.simulate.RestartPolicy` of every run.
 
     Attributes:
-      states: state point -> list of trajectory states.
-      derived: state point -> the objective's ``derive`` of its current
-        trajectories (dropped whenever they are replaced).
+      states: state point -> list of trajectory states (its newest).
+      older: state point -> its earlier trajectories, oldest first, as many
+        as its pool keeps (``pools[i] - 1``; :mod:`chemtrain.learn.pool`).
+      pools: state point -> its pool size (1 where not set).
+      derived: state point -> the objective's ``derive`` of what it
+        reweights from (dropped whenever that changes).
     """
 
     def __init__(self, strategy, restart):
         self.strategy, self.restart = strategy, restart
         self.states: dict[int, list] = {}
+        self.older: dict[int, list] = {}
+        self.pools: dict[int, int] = {}
         self.derived: dict[int, object] = {}
+        self._views: dict[int, list] = {}
 
     def put(self, new: dict) -> None:
-        """Replace the trajectories of the state points in ``new``."""
-        self.states.update(new)
-        for i in new:
+        """Make ``new`` the newest trajectories of its state points; the ones
+        they replace join the state point's pool (the oldest leave it)."""
+        for i, trajs in new.items():
+            keep = self.pools.get(i, 1) - 1
+            if keep > 0 and i in self.states:
+                self.older[i] = [*self.older.get(i, []), self.states[i]][-keep:]
+            self.states[i] = trajs
             self.derived.pop(i, None)
+            self._views.pop(i, None)
+
+    def replace(self, new: dict, older: dict | None = None) -> None:
+        """Set the trajectories (and pools: ``older``, default empty) of the
+        state points in ``new``, e.g. fresh or loaded ones."""
+        for i in new:
+            keep, kept = self.pools.get(i, 1) - 1, list((older or {}).get(i, []))
+            self.older[i] = kept[-keep:] if keep > 0 else []
+            self.states[i] = new[i]
+            self.derived.pop(i, None)
+            self._views.pop(i, None)
+
+    def sample(self, i: int, newest=None) -> list:
+        """What state point ``i`` reweights from: its pool of trajectories
+        (:func:`chemtrain.learn.pool.pooled`), or its newest alone with a
+        pool of 1; with ``newest``, the pool that adding it would give."""
+        size = self.pools.get(i, 1)
+        if newest is not None:
+            older = [*self.older.get(i, []), self.states[i]] if size > 1 else []
+            return pooled(older, newest, size)
+        if i not in self._views:
+            self._views[i] = pooled(self.older.get(i, []), self.states[i], size)
+        return self._views[i]
 
     def derived_of(self, objective, sp, params):
-        """``objective.derive`` of state point ``sp``'s trajectories,
+        """``objective.derive`` of what state point ``sp`` reweights from,
         computed once per trajectory."""
         if sp.index not in self.derived:
-            self.derived[sp.index] = objective.derive(sp, params, self.states[sp.index])
+            self.derived[sp.index] = objective.derive(sp, params, self.sample(sp.index))
         return self.derived[sp.index]
 
     def run(self, sp, params, trajs, keys) -> list:
@@ -75,18 +109,26 @@ class TrajectoryStore:
         return out
 
     def to_host(self, statepoints) -> tuple[dict, dict]:
-        """(numpy pytree, JSON-able info) for a file."""
-        return difftre_io.trajstates_to_host(self.states, statepoints)
+        """(trees, infos) for a file: ``{"trajstates": ...}`` and, where
+        pools hold earlier trajectories, ``{"trajpool": ...}``."""
+        data, info = difftre_io.trajstates_to_host(self.states, statepoints)
+        trees, infos = {"trajstates": data}, {"trajstates": info}
+        pool, pool_info = difftre_io.pool_to_host(self.older)
+        if pool:
+            trees["trajpool"], infos["trajpool"] = pool, pool_info
+        return trees, infos
 
-    def read(self, statepoints, params, path: str, trainer_name: str) -> dict:
+    def read(self, statepoints, params, path: str, trainer_name: str) -> tuple[dict, dict]:
         """The trajectories saved in ``path`` (a trajectory-state file or a
         checkpoint), read on the root and sent to every process; checked
-        against ``statepoints`` leaf by leaf. Collective."""
-        meta, leaves = on_root(self.strategy, lambda: difftre_io.read(path, trainer_name),
-                               share=False, only_root=True) or (None, None)
+        against ``statepoints`` leaf by leaf: (newest per state point, the
+        pools' earlier ones). Collective."""
+        meta, leaves, pool = on_root(self.strategy, lambda: difftre_io.read(path, trainer_name),
+                                     share=False, only_root=True) or (None, None, None)
         meta = self.strategy.bcast_object(meta)
         if self.strategy.process_count > 1:
-            leaves = self.strategy.broadcast_from_root(leaves)
-        return difftre_io.trajstates_from_host(statepoints, params, meta, leaves,
-                                               range(len(statepoints)), path)
+            leaves, pool = self.strategy.broadcast_from_root((leaves, pool))
+        return (difftre_io.trajstates_from_host(statepoints, params, meta, leaves,
+                                                range(len(statepoints)), path),
+                difftre_io.pool_from_host(statepoints, params, meta, pool, path))
 

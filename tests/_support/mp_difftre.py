@@ -41,6 +41,7 @@ def main():
     import optax
     from mpi4py import MPI
 
+    from chemtrain.learn import ReuseRule
     from difftre_systems import bonded_pair, overflowing_lj, update_recorder
 
     rank = MPI.COMM_WORLD.rank
@@ -102,7 +103,7 @@ def main():
         # (only the overlap rule: the test recomputes the last gradient from the
         # stored trajectories)
         tr = bonded_pair(5, sim_batch_size=2, optimizer=optax.sgd(1e-3), parallelism="mpi",
-                         max_reuse_se=None, max_reuses=None,
+                         reuse=ReuseRule(pool=1, max_reuse_se=None, max_reuses=None),
                          checkpoint_path=folder("fold"), on_update=on_update)
         tr.initialize_trajstates()
         tr.train(2)

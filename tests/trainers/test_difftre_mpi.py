@@ -18,6 +18,7 @@ import pytest
 
 import mp
 from chemtrain.checkpoint import CheckpointError
+from chemtrain.learn import ReuseRule
 from chemtrain.learn.difftre_objective import loss_and_grad
 from difftre_systems import bonded_pair, update_recorder
 
@@ -56,7 +57,8 @@ def single(tmp_path_factory):
     folder = tmp_path_factory.mktemp("single")
     return {"eq2": single_run(folder / "a", 4, 2, 3), "eq-1": single_run(folder / "b", 4, -1, 3),
             "fold": single_run(folder / "c", 5, 2, 2, optimizer=optax.sgd(1e-3),
-                               max_reuse_se=None, max_reuses=None)}
+                               reuse=ReuseRule(pool=1, max_reuse_se=None,
+                                               max_reuses=None))}
 
 
 def params_of(tr):

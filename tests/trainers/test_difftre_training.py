@@ -26,7 +26,7 @@ from jax_md import partition, simulate, space
 from chemtrain import quantity
 from chemtrain.checkpoint import CheckpointError
 from chemtrain.models.pair import harmonic_bond_template, lennard_jones_template
-from chemtrain.learn import StepSizeSearch
+from chemtrain.learn import ReuseRule, StepSizeSearch
 from chemtrain.simulate import (NeighborListOverflowError, RestartPolicy, make_trajectory, process_printouts,
                                 run_with_restart)
 from chemtrain.trainers.difftre import Difftre, DifftreParallel
@@ -213,7 +213,7 @@ def test_upstream_two_particle_test_at_its_settings(tmp_path, seed):
     optimizer = optax.chain(optax.scale_by_rms(0.9),
                             optax.scale_by_schedule(optax.exponential_decay(-0.05, 300, 0.1)))
     trainer = Difftre({"r_0": jnp.asarray(0.3), "scaled_b": jnp.asarray(1.5)}, optimizer,
-                      reweight_ratio=0.99, max_reuse_se=None, max_reuses=None,
+                      reweight_ratio=0.99, reuse=ReuseRule(pool=1, max_reuse_se=None, max_reuses=None),
                       progress=False, checkpoint_path=str(tmp_path), key=jax.random.PRNGKey(seed))
     r_init = np.array([[0.0, 0.0, 0.0], [0.11, 0.09, 0.12]])
     trainer.add_statepoint(
@@ -236,7 +236,7 @@ def test_resume_continues_exactly(tmp_path):
     without the distance rule, under which this fast optimiser recomputes
     every update)."""
     search = dict(step_size_search=StepSizeSearch(allowed_reduction=0.97), optimizer=optax.rmsprop(0.03),
-                  max_reuse_se=None, max_reuses=1)
+                  reuse=ReuseRule(max_reuse_se=None, max_reuses=1))
     a = bonded_pair(checkpoint_path=str(tmp_path / "a"), **search)
     a.initialize_trajstates(num_runs=2)
     a.train(2, checkpoint_freq=2)
