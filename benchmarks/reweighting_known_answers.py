@@ -3,7 +3,7 @@ answer stay at the optimum when trajectories are reused?
 
     .venv/bin/python benchmarks/reweighting_known_answers.py --problem re-bond \
         --updates 800 --seeds 0 1 2 3 [--max-reuse-se 0.2 | --max-reuse-se 0] \
-        [--max-reuses 4 | --max-reuses -1] [--reweight-ratio 0.9] [--plot kb.png]
+        [--max-reuses 4 | --max-reuses -1] [--pool 1] [--reweight-ratio 0.9] [--plot kb.png]
 
 Problems (``benchmarks/reweighting_problems.py``):
 
@@ -15,7 +15,8 @@ Problems (``benchmarks/reweighting_problems.py``):
   epsilon 0.99 kJ/mol; two temperatures).
 
 ``--max-reuse-se 0 --max-reuses -1`` switches both new rules off (only
-``N_eff < reweight_ratio N``, the rule before issue 31). Prints one JSON line per
+``N_eff < reweight_ratio N``, the rule before issue 31); ``--pool 1`` reweights
+one trajectory (DiffTRe's rule before issue 47). Prints one JSON line per
 seed: the parameters after every 100 updates, the final ones, their range
 over the last quarter of the updates (relative to the final value) and the
 number of updates that recomputed a trajectory; with ``--plot`` every
@@ -69,7 +70,7 @@ def run(problem, seed, updates, options):
     q = max(1, len(rows) // 4)
     out = {"problem": problem, "seed": seed, "updates": len(rows),
            "reweight_ratio": trainer.reweight_ratio, "max_reuse_se": trainer.max_reuse_se,
-           "max_reuses": trainer.max_reuses,
+           "max_reuses": trainer.max_reuses, "pool": trainer.trajectories.pools.get(0, 1),
            "truth": truth, "reference_optimum": optimum,
            "at": {n: {k: round(float(values[k][n - 1]), 6) for k in names}
                   for n in range(100, len(rows) + 1, 100)},
@@ -92,16 +93,24 @@ def main(argv=None):
                    help="0: rule off; default: the trainer's default")
     p.add_argument("--max-reuses", type=int, default=None,
                    help="-1: no limit; default: the trainer's default")
+    p.add_argument("--pool", type=int, default=None,
+                   help="trajectories reweighted together; default: the trainer's default")
     p.add_argument("--plot", default=None)
     args = p.parse_args(argv)
     jax.config.update("jax_enable_x64", True)
     options = {"progress": False}
     if args.reweight_ratio is not None:
         options["reweight_ratio"] = args.reweight_ratio
+    rule = {}
     if args.max_reuse_se is not None:
-        options["max_reuse_se"] = args.max_reuse_se or None
+        rule["max_reuse_se"] = args.max_reuse_se or None
     if args.max_reuses is not None:
-        options["max_reuses"] = None if args.max_reuses < 0 else args.max_reuses
+        rule["max_reuses"] = None if args.max_reuses < 0 else args.max_reuses
+    if args.pool is not None:
+        rule["pool"] = args.pool
+    if rule:
+        from chemtrain.learn import ReuseRule
+        options["reuse"] = ReuseRule(**rule)
     curves = []
     for seed in args.seeds:
         options["checkpoint_path"] = tempfile.mkdtemp(prefix="known-answers-")

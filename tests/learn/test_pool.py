@@ -111,6 +111,8 @@ def test_reuse_rule_sizes_and_checks():
     assert ReuseRule().pool_size(toy) == 18           # 110000 // 6000
     assert ReuseRule().pool_size(process_printouts(0.01, 2e3, 0, 2.0)) == 20    # 33: at most 20
     assert ReuseRule().pool_size(process_printouts(0.01, 0.6, 0.1, 0.05)) == 1  # 60 / 10: few steps
+    assert ReuseRule().pool_size(process_printouts(0.01, 1.0, 0.5, 0.1)) == 1   # 3: below 4
+    assert ReuseRule().pool_size(process_printouts(0.01, 0.96, 0.0, 0.24)) == 4  # 96 // (6 * 4)
     assert ReuseRule(pool=3).pool_size(toy) == 3
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="pool must be a whole number"):

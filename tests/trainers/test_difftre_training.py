@@ -232,11 +232,11 @@ def test_upstream_two_particle_test_at_its_settings(tmp_path, seed):
 # -- resume, failures and bad input on a cheap system: two bonded particles ---------
 def test_resume_continues_exactly(tmp_path):
     """Also with the step-size search on (N_eff must keep 97 % of its value),
-    and the count of each trajectory's reuses carried over (max_reuses 1;
+    pools of 3 trajectories, and the count of each trajectory's reuses carried over (max_reuses 1;
     without the distance rule, under which this fast optimiser recomputes
     every update)."""
     search = dict(step_size_search=StepSizeSearch(allowed_reduction=0.97), optimizer=optax.rmsprop(0.03),
-                  reuse=ReuseRule(max_reuse_se=None, max_reuses=1))
+                  reuse=ReuseRule(pool=3, max_reuse_se=None, max_reuses=1))
     a = bonded_pair(checkpoint_path=str(tmp_path / "a"), **search)
     a.initialize_trajstates(num_runs=2)
     a.train(2, checkpoint_freq=2)
@@ -246,6 +246,8 @@ def test_resume_continues_exactly(tmp_path):
     b = bonded_pair(checkpoint_path=str(tmp_path / "b"), **search)
     b.restore(str(tmp_path / "k.npz"), trajstates=False)
     b.load_trajstates(str(tmp_path / "traj.npz"))
+    # the pools came back with their earlier trajectories
+    assert [len(b.trajectories.older[i]) for i in range(3)] == [1, 1, 1]
     b.train(2)
     assert a.epoch == b.epoch == 4 and a.update_count == b.update_count == 12
     for k in a.params:
