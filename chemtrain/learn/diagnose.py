@@ -24,9 +24,17 @@ PADDED_LIST_NOTE = (
     "guard r with jnp.where(real, r, 1.0) in your own energy.")
 
 
-def all_finite(tree) -> bool:
-    """Whether every leaf of a (host or device) pytree is finite."""
-    return all(bool(np.all(np.isfinite(np.asarray(x)))) for x in jax.tree.leaves(tree))
+def all_finite(tree):
+    """Whether every inexact leaf of ``tree`` is finite: a JAX bool for JAX
+    arrays (traced inside a compiled function, e.g. the force-matching
+    step), a numpy bool for host values (checked in their own precision);
+    ``bool(all_finite(x))`` on either."""
+    leaves = [x for x in jax.tree.leaves(tree) if np.issubdtype(
+        x.dtype if hasattr(x, "dtype") else np.result_type(x), np.inexact)]
+    if not any(isinstance(x, jax.Array) for x in leaves):
+        return np.bool_(all(np.all(np.isfinite(x)) for x in leaves))
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])) if leaves \
+        else jnp.asarray(True)
 
 
 def has_padding(neighbor, n_atoms: int) -> bool:

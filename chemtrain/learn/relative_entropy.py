@@ -28,7 +28,6 @@ checks.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable
 
 import jax
@@ -39,7 +38,7 @@ from ..ensemble import energy_kwargs, is_npt
 from . import difftre as reweight
 from .difftre_objective import check_first_configuration
 from .objective import Objective, reuse_record, shared_contributions
-from .update import chains_of, energies_of
+from .update import chains_of, energies_of, global_norm
 
 
 def reference_energies_fn(energy_fn_template: Callable, vmap_batch: int | None = 10) -> Callable:
@@ -193,13 +192,9 @@ def _result(sp, params, trajs, derived, inputs):
     return {"loss": value, "aux": dict(aux, predictions={}, parts={}), "grad": grad}
 
 
-def _norm(tree) -> float:
-    return math.sqrt(sum(float(np.sum(np.square(g))) for g in jax.tree.leaves(tree)))
-
-
 def _contributions(batch, statepoints, results, params) -> dict:
     out = shared_contributions(batch, results, params)
-    out["grad_norm"] = np.array([_norm(results[i]["grad"]) if i in results else 0.0
+    out["grad_norm"] = np.array([global_norm(results[i]["grad"]) if i in results else 0.0
                                  for i in batch])
     return out
 

@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from .diagnose import all_finite
+
 
 def make_update(loss_fn: Callable, optimizer: optax.GradientTransformation, strategy) -> Callable:
     """Return the compiled ``update(params, opt_state, batch) ->
@@ -26,7 +28,7 @@ def make_update(loss_fn: Callable, optimizer: optax.GradientTransformation, stra
         grads = strategy.mean_gradient(grads)
         loss, parts = strategy.mean((loss, aux["parts"]))
         nbr_errors = strategy.sum(aux["nbr_errors"])
-        grad_ok = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+        grad_ok = all_finite(grads)
         ok = jnp.isfinite(loss) & (nbr_errors == 0) & grad_ok
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
@@ -41,11 +43,3 @@ def make_update(loss_fn: Callable, optimizer: optax.GradientTransformation, stra
 
     return strategy.compile(local_update, in_sharded=(False, False, True),
                             out_sharded=(False, False, False))
-
-
-def all_finite(tree):
-    """Whether every inexact leaf of ``tree`` is finite (a traced bool)."""
-    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])) if leaves \
-        else jnp.asarray(True)
-

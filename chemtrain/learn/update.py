@@ -62,6 +62,11 @@ def host64(tree):
         np.asarray(a).dtype, np.floating) else np.asarray(a), tree)
 
 
+def global_norm(tree) -> float:
+    """The Euclidean norm of all leaves of a (host) pytree together."""
+    return math.sqrt(sum(float(np.sum(np.square(g))) for g in jax.tree.leaves(tree)))
+
+
 def chains_of(trajs):
     """(snapshots, neighbor list) of each chain's trajectory."""
     return [(t.snapshots, t.nbrs) for t in trajs]

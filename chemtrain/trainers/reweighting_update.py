@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import time
 from typing import Callable
 
@@ -196,10 +195,6 @@ def reuses_of(state, n: int) -> list:
     return [int(c) for c in known[:n]] + [0] * max(0, n - len(known))
 
 
-def _norm(tree) -> float:
-    return math.sqrt(sum(float(np.sum(np.square(g))) for g in jax.tree.leaves(tree)))
-
-
 def local_results(loop: Loop, state, local, params):
     """The objective's result for this process's state points ``local``,
     recomputing a trajectory where the reuse rule says so; returns
@@ -293,8 +288,8 @@ def apply_update(loop: Loop, state, batch, epoch: int):
         # moment: every later step would be 0 and training silently stop
         raise UpdateRefused(
             f"The update gives non-finite parameters or optimizer state in {where}, from a "
-            f"finite loss and a gradient of norm {_norm(grads):.3g}: a learning rate or "
-            f"schedule that gives NaN, or a gradient so large that the optimizer's moments "
+            f"finite loss and a gradient of norm {upd.global_norm(grads):.3g}: a learning rate "
+            f"or schedule that gives NaN, or a gradient so large that the optimizer's moments "
             f"overflow, as from a configuration where the potential is enormous (overlapping "
             f"particles).")
     loop.trajectories.put(new)
@@ -320,4 +315,4 @@ def apply_update(loop: Loop, state, batch, epoch: int):
                           update_count=state.update_count + 1,
                           update_losses=[*state.update_losses, loss], **numbers)
     return state, {"loss": loss, "step_size": scale, "statepoints": records,
-                   "grad_norm": _norm(grads), "params_before": params}, predictions
+                   "grad_norm": upd.global_norm(grads), "params_before": params}, predictions

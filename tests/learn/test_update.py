@@ -60,3 +60,15 @@ def test_keys_depend_on_indices_only():
     np.testing.assert_array_equal(as_key(jax.random.key(7)), base)
     with pytest.raises(TypeError, match="integer seed or a JAX random key"):
         as_key("seven")
+
+
+def test_one_finiteness_check_for_host_and_traced_values():
+    from chemtrain.learn.diagnose import all_finite
+    from chemtrain.learn.update import global_norm
+    import jax.numpy as jnp
+    # host values in their own precision: 1e39 is finite in float64 (inf in float32)
+    assert bool(all_finite({"a": np.array([1e39]), "b": 2.0, "n": np.arange(3)}))
+    assert not bool(all_finite((np.array([1.0, np.nan]),)))
+    assert bool(all_finite({})) and bool(all_finite(jnp.ones(3)))
+    assert not bool(jax.jit(all_finite)({"a": jnp.array([1.0, jnp.inf])}))   # traced
+    assert global_norm({"a": np.array([3.0]), "b": np.array([[4.0]])}) == 5.0
