@@ -36,11 +36,13 @@ def settings(reweight_ratio, rule, trajectories, n_statepoints: int,
 
 
 def adopt_pools(meta: dict, rule, trajectories) -> None:
-    """A checkpoint written before pools (no 'pools' entry) continues as its
-    run would have, from one trajectory per state point, unless the
-    trainer's :class:`~chemtrain.learn.ReuseRule` names a pool size."""
-    if "pools" not in meta and rule.pool is None:
-        trajectories.pools.update({i: 1 for i in trajectories.pools})
+    """A restored run keeps the pool sizes it was written with (one
+    trajectory per state point for a checkpoint written before pools),
+    unless the trainer's :class:`~chemtrain.learn.ReuseRule` names a pool
+    size: then the resumed run equals the uninterrupted one."""
+    if rule.pool is None:
+        saved = meta.get("pools") or [1] * len(trajectories.pools)
+        trajectories.pools.update({i: int(k) for i, k in enumerate(saved)})
 
 
 def why_not_resumable(epoch: int, in_callback: bool, stopped, folder: str) -> str | None:
