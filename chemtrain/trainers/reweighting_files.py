@@ -42,7 +42,7 @@ def adopt_pools(meta: dict, rule, trajectories) -> None:
     size: then the resumed run equals the uninterrupted one."""
     if rule.pool is None:
         saved = meta.get("pools") or [1] * len(trajectories.pools)
-        trajectories.pools.update({i: int(k) for i, k in enumerate(saved)})
+        trajectories.set_pools(dict(enumerate(saved)))
 
 
 def why_not_resumable(epoch: int, in_callback: bool, stopped, folder: str) -> str | None:

@@ -57,6 +57,16 @@ class TrajectoryStore:
             self.derived.pop(i, None)
             self._views.pop(i, None)
 
+    def set_pools(self, sizes: dict) -> None:
+        """Set state points' pool sizes (e.g. those a restored run was
+        written with); their pools keep their newest earlier trajectories."""
+        for i, size in sizes.items():
+            self.pools[i] = int(size)
+            if i in self.older:
+                self.older[i] = self.older[i][-(size - 1):] if size > 1 else []
+            self.derived.pop(i, None)
+            self._views.pop(i, None)
+
     def sample(self, i: int, newest=None) -> list:
         """What state point ``i`` reweights from: its pool of trajectories
         (:func:`chemtrain.learn.pool.pooled`), or its newest alone with a

@@ -128,3 +128,24 @@ def test_reuse_rule_sizes_and_checks():
     assert not rule.recompute(99.9, 100, 0.9, 200, 0, pool=5)
     assert rule.recompute(89.0, 100, 0.9, 200, 0, pool=5)
     assert rule.recompute(99.9, 100, 0.9, 200, 4, pool=5)
+
+
+def test_store_rotates_pools_and_resizes_them():
+    from chemtrain.trainers.trajectories import TrajectoryStore
+    store = TrajectoryStore(strategy=None, restart=None)
+    store.pools[0] = 3
+    store.replace({0: [_traj(1)]})
+    for tag in (2, 3, 4):
+        store.put({0: [_traj(tag)]})
+    assert [t[0].sim_state for t in store.older[0]] == [2, 3]     # 1 left the pool of 3
+    np.testing.assert_array_equal(store.sample(0)[0].U_ref[:, 0], [20.0, 30.0, 40.0])
+    # with a new trajectory: the pool it would give, nothing changed yet
+    np.testing.assert_array_equal(store.sample(0, [_traj(5)])[0].U_ref[:, 0], [30.0, 40.0, 50.0])
+    assert store.states[0][0].sim_state == 4
+    store.set_pools({0: 2})          # e.g. a restored run written with pools of 2
+    assert [t[0].sim_state for t in store.older[0]] == [3]
+    np.testing.assert_array_equal(store.sample(0)[0].U_ref[:, 0], [30.0, 40.0])
+    store.replace({0: [_traj(7)]}, {0: [[_traj(5)], [_traj(6)]]})   # loaded: the newest fit
+    assert [t[0].sim_state for t in store.older[0]] == [6]
+    store.set_pools({0: 1})
+    assert store.older[0] == [] and store.sample(0)[0].sim_state == 7
