@@ -45,7 +45,8 @@ def trainer(folder, updates=12):
         return energy
     tr = Reweighting(mean_energy_objective(template, TARGETS), 7, {"shift": jnp.asarray(0.0)},
                      optax.sgd(0.25), sim_batch_size=-1, reweight_ratio=0.0,
-                     reuse=ReuseRule(max_reuse_se=None, max_reuses=None), progress=False, checkpoint_path=folder)
+                     reuse=ReuseRule(max_reuse_se=None, max_reuses=None), progress=False,
+                     checkpoint_path=folder)
     fns = simulation_functions(template, functools.partial(
         simulate.nvt_langevin, shift_fn=shift, dt=0.01, kT=2.56, gamma=0.5),
         partition.neighbor_list(displacement, 1.0, 0.9, format=partition.NeighborListFormat.Dense),

@@ -255,9 +255,9 @@ def _upstream_two_particle_test(tmp_path, seed, **options):
 # -- resume, failures and bad input on a cheap system: two bonded particles ---------
 def test_resume_continues_exactly(tmp_path):
     """Also with the step-size search on (N_eff must keep 97 % of its value),
-    pools of 3 trajectories, and the count of each trajectory's reuses carried over (max_reuses 1;
-    without the distance rule, under which this fast optimiser recomputes
-    every update)."""
+    pools of 3 trajectories, and the count of each trajectory's reuses
+    carried over (max_reuses 1; without the distance rule, under which this
+    fast optimiser recomputes every update)."""
     search = dict(step_size_search=StepSizeSearch(allowed_reduction=0.97), optimizer=optax.rmsprop(0.03),
                   reuse=ReuseRule(pool=3, max_reuse_se=None, max_reuses=1))
     a = bonded_pair(checkpoint_path=str(tmp_path / "a"), **search)
