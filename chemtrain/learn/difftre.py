@@ -40,7 +40,7 @@ import numpy as np
 
 from ..ensemble import box_kwargs, energy_kwargs
 from .difftre_batches import as_key, statepoint_batches, statepoint_key
-from .pool import pooled_weights
+from .pool import effective_sample_size, pooled_weights
 from .step_size import (choose_step_size, scaled_params, step_size_candidates,
                         step_size_violations)
 from .reuse import independent_samples, needs_recompute, reuse_distance, statistical_inefficiency
@@ -60,14 +60,6 @@ def reweighting_weights(U_theta, U_ref, kT):
         raise ValueError(f"U_theta has shape {U_theta.shape} but U_ref has {U_ref.shape}; "
                          f"both need one energy per snapshot.")
     return jax.nn.softmax(-(U_theta - U_ref) / kT, axis=-1)
-
-
-def effective_sample_size(weights):
-    """N_eff = exp(-sum_i w_i ln w_i) of normalised weights (N for uniform
-    weights, 1 when one snapshot carries all the weight)."""
-    w = jnp.asarray(weights)
-    safe = jnp.where(w > 0, w, 1.0)
-    return jnp.exp(-jnp.sum(jnp.where(w > 0, w * jnp.log(safe), 0.0), axis=-1))
 
 
 def weighted_mean(values, weights):

@@ -29,6 +29,15 @@ import jax
 import jax.numpy as jnp
 
 
+def effective_sample_size(weights):
+    """N_eff = exp(-sum_i w_i ln w_i) of normalised weights over the last
+    axis (N for uniform weights, 1 when one snapshot carries all the
+    weight); :mod:`chemtrain.learn.difftre` re-exports it."""
+    w = jnp.asarray(weights)
+    safe = jnp.where(w > 0, w, 1.0)
+    return jnp.exp(-jnp.sum(jnp.where(w > 0, w * jnp.log(safe), 0.0), axis=-1))
+
+
 def pooled_weights(U_theta, U_ref, kT):
     """Weights of the snapshots of a pool, in the order of ``U_theta``.
 
@@ -53,9 +62,7 @@ def pooled_weights(U_theta, U_ref, kT):
                        0.0)
     logits = jnp.moveaxis(logits, 1, 0).reshape(K, C * n)              # slot-major
     own = jax.nn.softmax(logits, axis=-1)                              # per-slot weights
-    safe = jnp.where(own > 0, own, 1.0)
-    slot_n_eff = jnp.where(filled, jnp.exp(-jnp.sum(jnp.where(own > 0, own * jnp.log(safe), 0.0),
-                                                    axis=-1)), 0.0)
+    slot_n_eff = jnp.where(filled, effective_sample_size(own), 0.0)
     c = jax.lax.stop_gradient(slot_n_eff)
     c = c / jnp.sum(c)
     w = (c[:, None] * own).reshape(K, C, n)
@@ -86,5 +93,5 @@ def pooled(older: list, newest: list, size: int) -> list:
     alone when ``size`` is 1."""
     if size == 1:
         return newest
-    kept = older[len(older) - (size - 1):] if len(older) > size - 1 else older
+    kept = older[-(size - 1):]
     return [pooled_chain([t[c] for t in kept] + [newest[c]], size) for c in range(len(newest))]
