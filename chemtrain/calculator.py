@@ -313,15 +313,17 @@ class CommitteeCalculator(ChemtrainCalculator):
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
         Calculator.calculate(self, atoms, properties, system_changes)
+        from chemtrain.learn.ensemble import committee_spread
         energies, forces, virials = self.evaluate(self.atoms, "stress" in properties)
         mean = float(np.mean(energies))
         self.results = {"energy": mean, "free_energy": mean, "forces": forces.mean(0),
-                        "energy_std": float(np.std(energies)),
-                        "forces_std": np.sqrt(np.var(forces, axis=0).sum(-1)),
+                        "energy_std": float(committee_spread(energies)),
+                        # per atom: the norm of its components' spreads
+                        "forces_std": np.linalg.norm(committee_spread(forces), axis=-1),
                         "member_energies": energies, "member_forces": forces}
         stresses = stress_of(self.atoms, virials, "stress" in properties)
         if stresses is not None:
-            self.results.update(stress=stresses.mean(0), stress_std=stresses.std(0),
+            self.results.update(stress=stresses.mean(0), stress_std=committee_spread(stresses),
                                 member_stresses=stresses)
 
 

@@ -177,6 +177,7 @@ def select(committee, pool, n: int, by: str = "forces_std") -> np.ndarray:
 
 
 def _errors(predictions, reference_forces):
+    from chemtrain.learn.ensemble import committee_spread
     if len(predictions) != len(reference_forces):
         raise ValueError(f"{len(predictions)} structures but {len(reference_forces)} reference "
                          f"force arrays.")
@@ -187,7 +188,7 @@ def _errors(predictions, reference_forces):
             raise ValueError(f"Structure {i}: reference forces of shape {f.shape}, the "
                              f"committee's {p['forces'].shape}.")
         err = p["forces"] - f
-        std = np.asarray(p["member_forces"]).std(0)
+        std = committee_spread(np.asarray(p["member_forces"]))
         comp_err.append(np.abs(err).ravel())
         comp_std.append(std.ravel())
         rmse.append(np.sqrt(np.mean(err ** 2)))

@@ -15,11 +15,11 @@ from __future__ import annotations
 import os
 import queue
 import threading
-import zlib
 from typing import Iterator
 
 import numpy as np
 
+from ..checksum import crc
 from .dataset import GRAPH_KEYS, check_shapes, check_weights
 from .loader import VALID, global_batches, n_batches
 
@@ -105,8 +105,7 @@ class HDF5ParallelDataLoader:
         values = self._read_columns(weights)
         schema = {k: [list(shape), dtype] for k, (shape, dtype) in sorted(self.schema.items())}
         strategy.check_same({"n": self.n, "schema": schema,
-                             "weights": {k: zlib.crc32(np.ascontiguousarray(v).tobytes())
-                                         for k, v in values.items()}},
+                             "weights": {k: crc(v) for k, v in values.items()}},
                             f"the HDF5 file {self.path!r} (rows and datasets)")
         missing = [k for k in required if k not in self.schema]
         if missing:

@@ -134,6 +134,15 @@ def committee_predictor(predict: Callable) -> Callable:
     return committee
 
 
+def committee_spread(members):
+    """A committee's spread of a quantity: the population standard deviation
+    (``ddof=0``) over its members (axis 0), per component; the one
+    definition the trainer's predictions, the calculators and the
+    calibration use. numpy for host arrays, jax.numpy for JAX arrays and
+    traced values."""
+    return (jnp if isinstance(members, jax.Array) else np).std(members, axis=0)
+
+
 def committee_of(preds, errors):
     """The committee's ``(pred, nbr_error)`` from its members' predictions
     and neighbor-list errors (stacked on axis 0): mean and ``*_std`` of every
@@ -144,7 +153,7 @@ def committee_of(preds, errors):
             out[key] = value[0]
             continue
         out[key] = jnp.mean(value, axis=0)
-        out[f"{key}_std"] = jnp.std(value, axis=0)
+        out[f"{key}_std"] = committee_spread(value)
     return out, jnp.any(errors, axis=0)
 
 

@@ -3,10 +3,10 @@ from (:class:`ReferenceFrames`), checked and read once where the state
 point is added."""
 from __future__ import annotations
 
-import zlib
-
 import jax
 import numpy as np
+
+from ..checksum import crc
 
 
 class ReferenceFrames:
@@ -85,12 +85,12 @@ class ReferenceFrames:
         at the first frame that overflows it, until none does. Whether a
         list overflows depends on the positions only, so it holds them for
         any parameters."""
-        crc, nbrs = 0, None
+        total, nbrs = 0, None
         fits = jax.jit(jax.vmap(lambda nb, r: nb.update(r).did_buffer_overflow, (None, 0)))
         for start in range(0, self.n, chunk):
             R = self.take(np.arange(start, min(start + chunk, self.n)))
             if self.loader is not None:
-                crc = zlib.crc32(np.ascontiguousarray(R).tobytes(), crc)
+                total = crc(R, start=total)
             if neighbor_fn is None:
                 continue
             for _ in range(len(R) + 1):
@@ -103,7 +103,7 @@ class ReferenceFrames:
             else:
                 raise RuntimeError(f"{self.where}: the neighbor list of the reference frames "
                                    f"still overflows after growing it for every frame.")
-        return crc, nbrs
+        return total, nbrs
 
     def check_finite(self, R, rows) -> None:
         bad = ~np.isfinite(R).reshape(len(R), -1).all(axis=1)
@@ -126,7 +126,7 @@ class ReferenceFrames:
         if self.array is not None:
             return np.append(np.ravel(self.array).astype(np.float64), self.batch_size)
         name = str(getattr(self.loader, "path", type(self.loader).__name__))
-        return np.array([zlib.crc32(name.encode()), self.n, self.batch_size, self.checksum])
+        return np.array([crc(name), self.n, self.batch_size, self.checksum])
 
 
 #: reference frames spanning more than this many times the simulation's

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import zlib
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +18,7 @@ import numpy as np
 
 from .. import checkpoint as ckpt
 from ..checkpoint import check_kind
+from ..checksum import crc
 
 
 def trajstates_to_host(trajstates: dict, statepoints=None) -> tuple[dict, dict]:
@@ -39,13 +39,13 @@ def trajstates_to_host(trajstates: dict, statepoints=None) -> tuple[dict, dict]:
 def kwargs_record(sp) -> dict:
     """What a trajectory file records of the ``state_kwargs`` it was sampled
     with: a checksum, and the scalar values for messages."""
-    crc, shown = 0, {}
+    total, shown = 0, {}
     for k in sorted(sp.state_kwargs):
-        a = np.ascontiguousarray(np.asarray(sp.state_kwargs[k]))
-        crc = zlib.crc32(k.encode() + a.tobytes(), crc)
+        a = np.asarray(sp.state_kwargs[k])
+        total = crc(k, a, start=total)
         if a.size == 1:
             shown[k] = float(a.reshape(()))
-    return {"crc": crc, "values": shown}
+    return {"crc": total, "values": shown}
 
 
 def _check_saved(path, i, sp, chains) -> None:
