@@ -92,8 +92,8 @@ def test_reweighting_trainers_show_every_keyword():
             continue
         assert "sim_batch_size" in params
         for name, p in core.items():
-            if name in ("self", "objective", "key", "init_params", "optimizer", "trainer_name",
-                        "state_class"):   # what the public constructors choose themselves
+            if name in ("self", "objective", "key", "init_params", "optimizer",
+                        "trainer_name"):   # what the public constructors choose themselves
                 continue
             assert name in params, (cls.__name__, name)
             own_name = "relentropy" if cls is RelativeEntropy else "difftre"

@@ -113,21 +113,22 @@ def check_energy_value(index, energy, forces, n_particles: int) -> None:
         f"where it takes a metric (pass space.canonicalize_displacement_or_metric(displacement)).")
 
 
-def check_statepoint(sp, params, traj) -> None:
+def check_statepoint(sp, params, traj, quantities) -> None:
     """All checks of state point ``sp`` at its initial trajectory state
-    ``traj`` (:class:`chemtrain.simulate.TrajState`, before any MD)."""
+    ``traj`` (:class:`chemtrain.simulate.TrajState`, before any MD), with
+    its per-snapshot ``quantities`` (name -> function; may be empty)."""
     state, nbrs = traj.sim_state, traj.nbrs
     energy_fn = sp.fns.energy_fn_template(params)
     ekw = energy_kwargs(state, sp.state_kwargs)
     check_energy_value(sp.name, sp.fns.energy(params, state.position, nbrs, ekw),
                        getattr(state, "force", None), state.position.shape[0])
-    for name, fn in sp.fns.quantities.items():
+    for name, fn in quantities.items():
         preflight = getattr(fn, "preflight", None)
         if preflight is not None:
             preflight(state, neighbor=nbrs, energy_fn=energy_fn, where=f"State point {sp.name}, "
                       f"quantity {name!r}", **sp.state_kwargs)
     check_geometry(sp.name, energy_fn, state, nbrs, ekw)
-    check_state_kwargs(sp.name, sp.state_kwargs, energy_fn, sp.fns.quantities, state, nbrs)
+    check_state_kwargs(sp.name, sp.state_kwargs, energy_fn, quantities, state, nbrs)
 
 
 def check_reference_span(sp, nbrs) -> None:

@@ -24,7 +24,7 @@ from . import difftre as reweight
 from .difftre_checks import check_reference_span, check_statepoint
 from .difftre_grad import make_value_and_grad
 from .update import chains_of, energies_of
-from .objective import Objective, reuse_record, shared_contributions
+from .objective import Objective
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,10 +37,13 @@ class DifftreFunctions:
         fixed_values) -> ((loss, aux), grad)``.
       fixed_values: ``(params, chains, state_kwargs) -> (values,
         n_overflow)``: the quantities that ignore the potential.
+      quantities: the per-snapshot quantities (checked on a state point's
+        first configuration and named in diagnoses).
     """
 
     loss_and_grad: Callable
     fixed_values: Callable
+    quantities: Mapping = dataclasses.field(default_factory=dict)
 
 
 def difftre_functions(energy_fn_template: Callable, quantities: Mapping, targets: Mapping,
@@ -92,14 +95,24 @@ def difftre_functions(energy_fn_template: Callable, quantities: Mapping, targets
             fixed=tuple(k for k in quantities if k in fixed))
         return value_and_grad(params, chains, U_ref, target_values, state_kwargs, fixed)
 
-    return DifftreFunctions(jax.jit(loss_and_grad), jax.jit(fixed_values))
+    return DifftreFunctions(jax.jit(loss_and_grad), jax.jit(fixed_values), quantities)
+
+
+def _prepare(fns, spec: Mapping) -> DifftreFunctions:
+    """DiffTRe's functions of state points with simulation functions ``fns``
+    and ``spec`` = ``{quantities, targets, observables, loss_fn,
+    vmap_batch}`` (the arguments of :func:`difftre_functions` after the
+    energy template)."""
+    return difftre_functions(fns.energy_fn_template, spec["quantities"], spec["targets"],
+                             spec.get("observables"), spec.get("loss_fn"),
+                             spec.get("vmap_batch"))
 
 
 def fixed_quantities(sp, params, trajs):
     """``(values, n_overflow)``: the quantities of state point ``sp`` that
     ignore the potential, evaluated on ``trajs``, and how often their
     neighbor lists overflowed. Valid until the trajectories change."""
-    return sp.fns.method.fixed_values(params, chains_of(trajs), sp.state_kwargs)
+    return sp.functions.fixed_values(params, chains_of(trajs), sp.state_kwargs)
 
 
 def loss_and_grad(sp, params, trajs, fixed=None):
@@ -109,7 +122,7 @@ def loss_and_grad(sp, params, trajs, fixed=None):
     ``nbr_overflow``; ``fixed`` is :func:`fixed_quantities` of the same
     trajectories (computed here when None)."""
     values, n_overflow = fixed_quantities(sp, params, trajs) if fixed is None else fixed
-    (loss, aux), grad = sp.fns.method.loss_and_grad(
+    (loss, aux), grad = sp.functions.loss_and_grad(
         params, chains_of(trajs), energies_of(trajs), sp.target_values, sp.state_kwargs, values)
     return (loss, dict(aux, nbr_overflow=aux["nbr_overflow"] + n_overflow)), grad
 
@@ -119,12 +132,11 @@ def _result(sp, params, trajs, derived, inputs):
     return {"loss": loss, "aux": aux, "grad": grad}
 
 
-def _contributions(batch: Sequence[int], statepoints, results, params) -> dict:
-    """The shared entries plus, per state point, the loss parts (NaN without
-    a part, e.g. under a custom ``loss_fn``) and the predictions."""
-    out = shared_contributions(batch, results, params)
+def _contributions(batch: Sequence[int], statepoints, results) -> dict:
+    """Per state point, the loss parts (NaN without a part, e.g. under a
+    custom ``loss_fn``) and the predictions."""
     names = list(statepoints[batch[0]].targets)
-    out["parts"] = {k: np.zeros(len(batch)) for k in names}
+    out = {"parts": {k: np.zeros(len(batch)) for k in names}}
     out["pred"] = [{k: np.zeros(np.shape(statepoints[i].target_values[k])) for k in names}
                    for i in batch]
     for j, i in enumerate(batch):
@@ -137,31 +149,28 @@ def _contributions(batch: Sequence[int], statepoints, results, params) -> dict:
     return out
 
 
-def _records(numbers, summed, after, batch, statepoints, update):
-    """State point -> its record: loss, loss parts, the loop's reuse entries,
-    predictions and targets; the update's loss is the batch mean."""
+def _records(states, summed, after, batch, statepoints):
+    """State point -> its loss parts, predictions and targets; the update's
+    loss is the batch mean."""
     names = list(statepoints[batch[0]].targets)
     records = {}
     for j, i in enumerate(batch):
         sp, pred = statepoints[i], summed["pred"][j]
-        shared = reuse_record(summed, j, sp, update)
-        records[i] = {"statepoint": i, "update": update, "loss": float(summed["loss"][j]),
-                      "parts": {k: float(summed["parts"][k][j]) for k in names
+        records[i] = {"parts": {k: float(summed["parts"][k][j]) for k in names
                                 if not np.isnan(summed["parts"][k][j])},  # none with loss_fn
-                      **{k: v for k, v in shared.items() if k not in ("statepoint", "update")},
                       "predictions": {k: pred[k].tolist() for k in names},
                       "targets": {k: np.asarray(sp.target_values[k]).tolist() for k in names}}
-    return numbers, float(np.sum(summed["loss"]) / len(batch)), records
+    return states, float(np.sum(summed["loss"]) / len(batch)), records
 
 
-def check_first_configuration(sp, params, trajs) -> None:
+def check_first_configuration(sp, params, trajs, quantities=None) -> None:
     """Refuse a state point on its first configuration: a reference state in
     other units than the box, a neighbor list shorter than the model's
     range, and the checks of :func:`chemtrain.learn.difftre_checks.check_statepoint`."""
     check_reference_span(sp, trajs[0].nbrs)
     check_reach(sp.fns.energy_fn_template, trajs[0].nbrs, f"State point {sp.name}",
                 periodic_box="box" in sp.state_kwargs)
-    check_statepoint(sp, params, trajs[0])
+    check_statepoint(sp, params, trajs[0], quantities or {})
 
 
 def plot_predictions(statepoints, history, predictions: dict, plot_x: dict, path: str) -> None:
@@ -198,7 +207,12 @@ def difftre_objective() -> Objective:
     """DiffTRe's :class:`~chemtrain.learn.objective.Objective`: per state
     point the target loss of its reweighted observables; the update's loss
     is the mean over the batch's state points, reweighted from a pool of
-    recent trajectories (:mod:`chemtrain.learn.pool`). Its state points
-    carry :func:`difftre_functions` as ``fns.method``."""
-    return Objective("DiffTRe", _result, _contributions, _records, derive=fixed_quantities,
-                     check=check_first_configuration, plot=plot_predictions, pools=True)
+    recent trajectories (:mod:`chemtrain.learn.pool`). Its ``spec`` (given
+    to :meth:`~chemtrain.trainers.Reweighting.add`) is ``{quantities,
+    targets, observables, loss_fn, vmap_batch}``, from which it prepares
+    :func:`difftre_functions`."""
+    return Objective("DiffTRe", _result, _records, prepare=_prepare,
+                     contributions=_contributions, derive=fixed_quantities,
+                     check=lambda sp, params, trajs: check_first_configuration(
+                         sp, params, trajs, sp.functions.quantities),
+                     plot=plot_predictions, pools=True)

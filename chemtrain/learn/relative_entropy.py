@@ -37,7 +37,7 @@ import numpy as np
 from ..ensemble import energy_kwargs, is_npt
 from . import difftre as reweight
 from .difftre_objective import check_first_configuration
-from .objective import Objective, reuse_record, shared_contributions
+from .objective import Objective
 from .update import chains_of, energies_of, global_norm
 
 
@@ -185,40 +185,41 @@ def _inputs(sp, key):
 
 
 def _result(sp, params, trajs, derived, inputs):
-    (value, aux), grad = sp.fns.method.loss_and_grad(
+    (value, aux), grad = sp.functions.loss_and_grad(
         params, chains_of(trajs), energies_of(trajs), inputs["gradient"], sp.data.nbrs,
         sp.state_kwargs)
     _no_overflow(sp, aux["data_overflow"])
     return {"loss": value, "aux": dict(aux, predictions={}, parts={}), "grad": grad}
 
 
-def _contributions(batch, statepoints, results, params) -> dict:
-    out = shared_contributions(batch, results, params)
-    out["grad_norm"] = np.array([global_norm(results[i]["grad"]) if i in results else 0.0
-                                 for i in batch])
-    return out
+def _contributions(batch, statepoints, results) -> dict:
+    return {"grad_norm": np.array([global_norm(results[i]["grad"]) if i in results else 0.0
+                                   for i in batch])}
 
 
 def _after(sp, params, new_params, trajs, result, inputs) -> float:
     """The estimated change of the relative entropy by the applied step."""
     aux, R = result["aux"], inputs["change"]
-    value, overflow = sp.fns.method.change(params, new_params, chains_of(trajs), aux["U"],
+    value, overflow = sp.functions.change(params, new_params, chains_of(trajs), aux["U"],
                                            aux["weights"], R, sp.data.nbrs, sp.state_kwargs)
     _no_overflow(sp, overflow)
     return float(value)
 
 
-def _records(numbers, summed, after, batch, statepoints, update):
-    """The running sum of the change per state point (``s_rel``) is the
-    state point's loss; the update's loss is its mean over the batch."""
-    s_rel, records = list(numbers["s_rel"]), {}
+def _init(sp, params) -> dict:
+    return {"s_rel": 0.0}
+
+
+def _records(states, summed, after, batch, statepoints):
+    """The running sum of the change per state point (``s_rel``, its state)
+    is the state point's loss; the update's loss is its mean over the
+    batch."""
+    states, records = list(states), {}
     for j, i in enumerate(batch):
-        s_rel[i] += float(after[j])
-        shared = reuse_record(summed, j, statepoints[i], update)
-        records[i] = {"statepoint": i, "update": update, "loss": s_rel[i],
-                      "delta_s_rel": float(after[j]), "grad_norm": float(summed["grad_norm"][j]),
-                      **{k: v for k, v in shared.items() if k not in ("statepoint", "update")}}
-    return {"s_rel": s_rel}, float(np.mean([s_rel[i] for i in batch])), records
+        states[i] = {"s_rel": states[i]["s_rel"] + float(after[j])}
+        records[i] = {"loss": states[i]["s_rel"], "delta_s_rel": float(after[j]),
+                      "grad_norm": float(summed["grad_norm"][j])}
+    return states, float(np.mean([states[i]["s_rel"] for i in batch])), records
 
 
 def reference_frame_energies(sp, params, chunk: int = 256) -> np.ndarray:
@@ -229,7 +230,7 @@ def reference_frame_energies(sp, params, chunk: int = 256) -> np.ndarray:
     for start in range(0, sp.data.n, size):
         rows = np.arange(start, min(start + size, sp.data.n))
         R = sp.data.take(np.concatenate([rows, np.full(size - len(rows), rows[0])]))
-        U, overflow = sp.fns.method.reference_energies(params, R, sp.data.nbrs, sp.state_kwargs)
+        U, overflow = sp.functions.reference_energies(params, R, sp.data.nbrs, sp.state_kwargs)
         _no_overflow(sp, overflow)
         out.append(np.asarray(U, np.float64)[:len(rows)])
     return np.concatenate(out)
@@ -305,7 +306,10 @@ def relative_entropy_objective() -> Objective:
     (``sp.data``, a :class:`~chemtrain.learn.reference_frames.ReferenceFrames`),
     and after each step the change of the relative entropy estimated on an
     independent batch, whose running sum (``s_rel``) is the state point's
-    loss. Its state points carry :func:`relative_entropy_functions` as
-    ``fns.method``."""
-    return Objective("relative entropy", _result, _contributions, _records, inputs=_inputs,
-                     after=_after, check=_check, plot=plot_history, numbers={"s_rel": 0.0})
+    loss. Its ``spec`` is ``{"vmap_batch": n}``, from which it prepares
+    :func:`relative_entropy_functions`."""
+    return Objective("relative entropy", _result, _records,
+                     prepare=lambda fns, spec: relative_entropy_functions(
+                         fns.energy_fn_template, (spec or {}).get("vmap_batch", 10)),
+                     init=_init, contributions=_contributions, inputs=_inputs, after=_after,
+                     check=_check, plot=plot_history)

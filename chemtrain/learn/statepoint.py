@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-import zlib
 from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..checksum import crc
 from ..simulate.trajectory import make_trajectory
 from ..units import BOLTZMANN_KJ_PER_MOL_K
 from . import difftre as reweight
@@ -37,10 +37,6 @@ class SimulationFunctions:
       energy: ``(params, R, nbrs, kwargs) -> U`` of one configuration, jitted.
       n_eff_candidates: ``(params, updates, scales, chains, U_ref,
         state_kwargs) -> N_eff`` per scaled step (the step-size search).
-      quantities: the per-snapshot quantities of the state point's
-        objective (DiffTRe), empty for relative entropy.
-      method: the objective's own compiled functions (a frozen value of its
-        choosing, e.g. DiffTRe's loss and gradient), or None.
       timings: the :class:`~chemtrain.simulate.Timings` of one trajectory
         (they size a pool: :meth:`chemtrain.learn.reuse.ReuseRule.pool_size`).
     """
@@ -51,14 +47,7 @@ class SimulationFunctions:
     run_fn: Callable
     energy: Callable
     n_eff_candidates: Callable
-    quantities: Mapping = dataclasses.field(default_factory=dict)
-    method: Any = None
     timings: Any = None
-
-    def with_method(self, method, quantities: Mapping | None = None) -> "SimulationFunctions":
-        """A copy carrying an objective's own functions (and quantities)."""
-        return dataclasses.replace(self, method=method,
-                                   quantities=dict(quantities or self.quantities))
 
 
 def simulation_functions(energy_fn_template, simulator_template, neighbor_fn, timings,
@@ -76,8 +65,8 @@ def simulation_functions(energy_fn_template, simulator_template, neighbor_fn, ti
         all).
 
     Returns:
-      A :class:`SimulationFunctions` without an objective's ``method`` (add
-      it with :meth:`SimulationFunctions.with_method`).
+      A :class:`SimulationFunctions` (an objective prepares its own
+      functions from it: :attr:`chemtrain.learn.Objective.prepare`).
 
     Raises:
       ValueError: ``vmap_batch`` is neither None nor a positive whole number;
@@ -125,6 +114,9 @@ class StatePoint:
       n_snapshots: the number of snapshots of all its chains together.
       data: what a trainer learns from besides the targets (relative
         entropy: its reference configurations); None for DiffTRe.
+      functions: the objective's compiled functions of this state point,
+        as its :attr:`~chemtrain.learn.Objective.prepare` made them (shared
+        by state points added alike), or None.
     """
 
     index: int
@@ -136,6 +128,7 @@ class StatePoint:
     target_values: dict
     n_snapshots: int
     data: Any = None
+    functions: Any = None
 
     init_fn = property(lambda self: self.fns.init_fn)
     run_fn = property(lambda self: self.fns.run_fn)
@@ -144,12 +137,12 @@ class StatePoint:
 
 def make_statepoint(index: int, fns: SimulationFunctions, state_kwargs, reference, targets,
                     target_values, n_snapshots: int, name: str | None = None,
-                    data=None) -> StatePoint:
+                    data=None, functions=None) -> StatePoint:
     """A state point, checked.
 
     Args:
       index: its position in the trainer's ``statepoints``.
-      fns: its :class:`SimulationFunctions` (with the objective's method).
+      fns: its :class:`SimulationFunctions`.
       state_kwargs: the simulator's and energy function's keyword arguments;
         ``kT`` (kJ/mol) required.
       reference: the reference positions, (N, dim) or (chains, N, dim), nm.
@@ -158,6 +151,7 @@ def make_statepoint(index: int, fns: SimulationFunctions, state_kwargs, referenc
       n_snapshots: snapshots per chain.
       name: its name in messages (None: ``str(index)``).
       data: what the objective learns from besides targets, or None.
+      functions: the objective's prepared functions, or None.
 
     Returns:
       The frozen :class:`StatePoint`; ``n_snapshots`` counts all chains.
@@ -206,7 +200,7 @@ def make_statepoint(index: int, fns: SimulationFunctions, state_kwargs, referenc
     return StatePoint(index, name if name is not None else f"{index}", fns,
                       {k: jnp.asarray(v) for k, v in state_kwargs.items()}, reference, targets,
                       {k: jnp.asarray(v) for k, v in target_values.items()},
-                      n_snapshots * reference.shape[0], data)  # all chains
+                      n_snapshots * reference.shape[0], data, functions)  # all chains
 
 
 def check_model_inputs(index: int, energy_fn_template, state_kwargs, reference) -> None:
@@ -244,16 +238,15 @@ def fingerprint(statepoints) -> tuple[list, int]:
     """(shapes, checksum) of the state points' ``state_kwargs``, reference
     states, targets and data (arrays, or an object's ``fingerprint()``):
     equal on processes that were given the same."""
-    crc, shapes = 0, []
+    total, shapes = 0, []
     for sp in statepoints:
         arrays = [*(sp.state_kwargs[k] for k in sorted(sp.state_kwargs)), sp.reference,
                   *(sp.target_values[k] for k in sorted(sp.target_values))]
         if sp.data is not None:
             arrays.append(sp.data.fingerprint() if hasattr(sp.data, "fingerprint") else sp.data)
         shapes.append([list(np.shape(a)) for a in arrays])
-        for a in arrays:
-            crc = zlib.crc32(np.ascontiguousarray(np.asarray(a)).tobytes(), crc)
-    return shapes, crc
+        total = crc(*arrays, start=total)
+    return shapes, total
 
 
 def check_plot_x(plot_x, sp: StatePoint) -> None:

@@ -140,10 +140,12 @@ def diagnosis(sp, params, trajs, result) -> list[str]:
     that are not finite, an energy whose parameter gradient is NaN on a
     padded neighbor list. Host work, run only after a failure."""
     aux, notes = result["aux"], []
-    note = nonfinite_predictions_note(aux["predictions"], sp.fns.quantities)
+    # the quantities of objectives that have them (DiffTRe's prepared functions)
+    quantities = getattr(sp.functions, "quantities", None) or {}
+    note = nonfinite_predictions_note(aux.get("predictions", {}), quantities)
     if note:
         notes.append(note)
-    if not all_finite(aux["weights"]):
+    if "weights" in aux and not all_finite(aux["weights"]):
         notes.append("The reweighting weights are not finite: the energy of stored snapshots "
                      "is not finite at the new parameters.")
     if not all_finite(result["grad"]):

@@ -7,10 +7,10 @@ from .interleave import InterleaveTrainers
 from .relative_entropy import RelativeEntropy
 from .reweighting import Reweighting
 from .errors import TrainingError
-from .state import DifftreState, FMState, RelEntropyState, TrainerState
+from .state import DifftreState, FMState, TrainerState
 from ..learn.statepoint import StatePoint  # noqa: F401  (documented as chemtrain.learn.StatePoint)
 
 __all__ = ["ForceMatching", "EnsembleOfModels", "Difftre", "DifftreParallel", "RelativeEntropy", "Reweighting",
            "InterleaveTrainers",
            "TrainingError",
-           "TrainerState", "FMState", "DifftreState", "RelEntropyState"]
+           "TrainerState", "FMState", "DifftreState"]

@@ -110,9 +110,11 @@ class CheckpointStore:
         meta, trees = self.load(path, own, check)
         placed = {name: self.place(name, trees[name]) for name in own}
         # version 1 (attribute-by-attribute trainers) stored the same fields;
-        # fields added since (the state's ADDED) are filled in by join
-        restored = type(state).join(
-            placed, {k: meta[k] for k in type(state).plain_fields() if k in meta})
+        # fields added or renamed since (the state's ADDED, RENAMED) are
+        # filled in by join
+        cls = type(state)
+        known = {*cls.plain_fields(), *(old for old, _ in cls.RENAMED.values())}
+        restored = cls.join(placed, {k: meta[k] for k in known if k in meta})
         return restored, meta
 
     def _meta(self, meta: Mapping, kind: str) -> dict:

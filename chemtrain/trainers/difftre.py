@@ -15,14 +15,13 @@ import numpy as np
 
 from ..learn.difftre import resolve_observables
 from ..learn.difftre_batches import statepoint_batches
-from ..learn.difftre_objective import difftre_functions, difftre_objective
+from ..learn.difftre_objective import difftre_objective
 from ..learn.reuse import ReuseRule
 from ..learn.statepoint import simulation_functions, statepoint_inputs
 from ..learn.update import StepSizeSearch
 from ..simulate.restart import RestartPolicy
 from .reweighting import Reweighting
 from .services import collective
-from .state import DifftreState
 
 log = logging.getLogger("chemtrain")
 
@@ -126,7 +125,7 @@ class DifftreParallel(Reweighting):
         statepoint_batches(n, sim_batch_size)
         super().__init__(
             difftre_objective(), key, init_params, optimizer, trainer_name="DifftreParallel",
-            state_class=DifftreState, sim_batch_size=sim_batch_size, parallelism=parallelism,
+            sim_batch_size=sim_batch_size, parallelism=parallelism,
             reweight_ratio=reweight_ratio, reuse=reuse,
             step_size_search=step_size_search, restart=restart,
             checkpoint_path=checkpoint_path, log_file=log_file, plot_file=plot_file,
@@ -136,15 +135,16 @@ class DifftreParallel(Reweighting):
             specs = {k: {kk: vv for kk, vv in v.items() if kk != "target"}
                      for k, v in targets.items()}
             fns = simulation_functions(energy_fn_template, simulator_template, neighbor_fn,
-                                       timings, vmap_batch).with_method(difftre_functions(
-                                           energy_fn_template, quantities, specs, observables,
-                                           loss_fn, vmap_batch), quantities)
-            reference = jnp.asarray(reference_states)
-            for i in range(n):
-                self._append(fns, {k: np.asarray(v)[i] for k, v in state_kwargs.items()},
-                             reference[i], specs, {k: np.asarray(v["target"])[i]
-                                                   for k, v in targets.items()},
-                             timings.n_snapshots)
+                                       timings, vmap_batch)
+            spec = {"quantities": quantities, "targets": specs, "observables": observables,
+                    "loss_fn": loss_fn, "vmap_batch": vmap_batch}
+            reference, first = jnp.asarray(reference_states), None
+            for i in range(n):   # one compiled set of functions for all
+                sp = self._append(fns, {k: np.asarray(v)[i] for k, v in state_kwargs.items()},
+                                  reference[i], specs, {k: np.asarray(v["target"])[i]
+                                                        for k, v in targets.items()},
+                                  timings.n_snapshots, spec=spec, like=first)
+                first = first or sp
             self._check_statepoints("construction")
             self.batches()  # enough state points for the ranks
         if self.strategy.is_root:
@@ -277,7 +277,7 @@ class Difftre(Reweighting):
         self._default_loss_fn = loss_fn
         super().__init__(
             difftre_objective(), key, init_params, optimizer, trainer_name="Difftre",
-            state_class=DifftreState, sim_batch_size=sim_batch_size, parallelism=parallelism,
+            sim_batch_size=sim_batch_size, parallelism=parallelism,
             reweight_ratio=reweight_ratio, reuse=reuse,
             step_size_search=step_size_search, restart=restart,
             checkpoint_path=checkpoint_path, log_file=log_file, plot_file=plot_file,
@@ -306,15 +306,16 @@ class Difftre(Reweighting):
             raise ValueError("add_statepoint needs an energy_fn_template (or give one to the "
                              "trainer).")
         fns = simulation_functions(energy_fn_template, simulator_template, neighbor_fn, timings,
-                                   vmap_batch).with_method(difftre_functions(
-                                       energy_fn_template, quantities, specs, observables,
-                                       loss_fn or self._default_loss_fn, vmap_batch), quantities)
+                                   vmap_batch)
+        spec = {"quantities": quantities, "targets": specs, "observables": observables,
+                "loss_fn": loss_fn or self._default_loss_fn, "vmap_batch": vmap_batch}
         first = self.statepoints[0] if self.statepoints else None
         if first is not None and sorted(first.targets) != sorted(specs):
             raise ValueError(f"Every state point needs the same target names; the first has "
                              f"{sorted(first.targets)}, this one {sorted(specs)}.")
         sp = self.add(fns, state_kwargs, reference_state, specs,
-                      {k: v["target"] for k, v in targets.items()}, timings.n_snapshots)
+                      {k: v["target"] for k, v in targets.items()}, timings.n_snapshots,
+                      spec=spec)
         if initialize_traj:
             self.initialize_trajstates(1, statepoints=[sp.index])
         return sp.index

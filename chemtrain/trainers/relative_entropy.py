@@ -21,13 +21,12 @@ from typing import Callable
 
 from ..learn.reference_frames import ReferenceFrames
 from ..learn.reuse import ReuseRule
-from ..learn.relative_entropy import relative_entropy_functions, relative_entropy_objective
+from ..learn.relative_entropy import relative_entropy_objective
 from ..learn.statepoint import simulation_functions, statepoint_inputs
 from ..learn.update import StepSizeSearch
 from ..simulate.restart import RestartPolicy
 from .reweighting import Reweighting
 from .services import collective
-from .state import RelEntropyState
 
 __all__ = ["RelativeEntropy", "ReferenceFrames"]
 
@@ -144,13 +143,20 @@ class RelativeEntropy(Reweighting):
         self.energy_fn_template = energy_fn_template
         super().__init__(
             relative_entropy_objective(), key, init_params, optimizer,
-            trainer_name="RelativeEntropy", state_class=RelEntropyState,
+            trainer_name="RelativeEntropy",
             sim_batch_size=sim_batch_size, parallelism=parallelism,
             reweight_ratio=reweight_ratio, reuse=reuse,
             step_size_search=step_size_search, restart=restart,
             checkpoint_path=checkpoint_path, log_file=log_file, plot_file=plot_file,
             plot_x=plot_x, progress=progress, consistency_check_every=consistency_check_every,
             name=name, on_update=on_update)
+
+    @property
+    def s_rel(self) -> list:
+        """Per state point, the estimated change of the relative entropy since
+        the initial parameters (the running sum of every update's estimate,
+        the objective's state)."""
+        return [st["s_rel"] for st in self.state.objective_state]
 
     @collective
     def add_statepoint(self, reference_data, energy_fn_template, simulator_template, neighbor_fn,
@@ -172,10 +178,9 @@ class RelativeEntropy(Reweighting):
         data = ReferenceFrames(reference_data, reference_state, reference_batch_size,
                                f"State point {index}", neighbor_fn)
         fns = simulation_functions(template, simulator_template, neighbor_fn, timings,
-                                   vmap_batch).with_method(
-            relative_entropy_functions(template, vmap_batch))
+                                   vmap_batch)
         sp = self.add(fns, state_kwargs, reference_state, n_snapshots=timings.n_snapshots,
-                      data=data)
+                      data=data, spec={"vmap_batch": vmap_batch})
         if initialize_traj:
             self.initialize_trajstates(1, statepoints=[sp.index])
         return sp.index

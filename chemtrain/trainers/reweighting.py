@@ -37,7 +37,7 @@ from .checkpoints import CheckpointStore
 from .report import Reporter, check_epochs, close_epoch
 from .reweighting_update import (Loop, TimedCollectives, UpdateRefused, apply_update,
                                  check_arguments, check_optimizer_state, policies,
-                                 pool_size, reuse_rule, reuses_of)
+                                 objective_states, pool_size, reuse_rule, reuses_of)
 from .services import check_consistency, collective, init_state
 from .state import DifftreState, HoldsState
 from .trajectories import TrajectoryStore
@@ -63,18 +63,14 @@ class Reweighting(HoldsState):
         ``chemtrain.learn.ema`` or ``reduce_on_plateau``, which only force
         matching feeds: refused).
       trainer_name: the name checkpoints and trajectory files carry.
-      state_class: the :class:`~chemtrain.trainers.DifftreState` class (or
-        a subclass with a list field per key of ``objective.numbers``).
       sim_batch_size: state points per update (-1: all); a remainder joins
         the last batch; under MPI at least the number of ranks.
       parallelism: 'auto', 'single' or 'mpi'.
       reweight_ratio: recompute when N_eff < ratio x N (every one of a pool).
-      reuse: the rest of the reuse rule, a
-        :class:`~chemtrain.learn.ReuseRule` (None: its defaults).
+      reuse: the rest of the reuse rule, a :class:`~chemtrain.learn.ReuseRule`.
       step_size_search: a :class:`~chemtrain.learn.update.StepSizeSearch`,
         True (its defaults) or None (no search).
-      restart: the :class:`~chemtrain.simulate.RestartPolicy` of
-        neighbor-list overflows (None: its defaults).
+      restart: the :class:`~chemtrain.simulate.RestartPolicy` of overflows.
       checkpoint_path: folder of checkpoints and ``<name>_error_state.npz``.
       log_file: JSON-lines metrics file, one line per epoch (None: none).
       plot_file: where :meth:`train` writes the objective's plot at its end.
@@ -87,20 +83,20 @@ class Reweighting(HoldsState):
     """
 
     def __init__(self, objective: Objective, key, init_params, optimizer, *,
-                 trainer_name: str = "Reweighting", state_class=DifftreState,
-                 sim_batch_size: int = 1, parallelism: str = "auto",
+                 trainer_name: str = "Reweighting", sim_batch_size: int = 1,
+                 parallelism: str = "auto",
                  reweight_ratio: float = 0.9, reuse: ReuseRule | None = None,
                  step_size_search=None, restart: RestartPolicy | None = None,
                  checkpoint_path: str = "checkpoints",
                  log_file: str | None = None, plot_file: str | None = None, plot_x=None,
                  progress: bool = True, consistency_check_every: int | None = None,
                  name: str = "reweighting", on_update=None):
-        check_arguments(objective, state_class, optimizer, on_update)
+        check_arguments(objective, optimizer, on_update)
         enable_compile_cache()
         self.reuse = reuse_rule(reuse, reweight_ratio, objective)
         self.step_size_search, self.restart = policies(step_size_search, restart)
         statepoint_batches(max(1, sim_batch_size), sim_batch_size)  # type/range check
-        self.objective, self.trainer_name, self.state_class = objective, trainer_name, state_class
+        self.objective, self.trainer_name = objective, trainer_name
         self.strategy = make_strategy(parallelism, allow_jax=False, trainer=trainer_name)
         ranks = self.strategy.process_count
         if sim_batch_size != -1 and sim_batch_size < ranks:
@@ -114,23 +110,17 @@ class Reweighting(HoldsState):
                                                             dict(plot_x or {}))
         self.consistency_check_every, self.name = consistency_check_every, name
         self.on_update, self.reporter = on_update, Reporter(self.strategy, log_file, progress)
-        # nothing is placed: every process computes whole state points on its
-        # default device, with uncommitted arrays (so compiled functions are
-        # reused whatever produced their inputs)
+        # nothing placed: whole state points per process on its default device,
+        # uncommitted arrays (compiled functions reused whatever made the inputs)
         self.store = CheckpointStore(self.strategy, checkpoint_path, trainer_name, replicated=())
-        _, _, host_params = init_state(self.strategy, init_params, optimizer)
-        params = jax.tree.map(jnp.asarray, host_params)
-        opt_state = optimizer.init(params)
+        _, opt_state, host_params = init_state(self.strategy, init_params, optimizer)
+        opt_state = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), opt_state)  # the root's
         check_optimizer_state(opt_state, trainer_name)
-        opt_state = self.strategy.broadcast_from_root(jax.tree.map(np.asarray, opt_state))
-        self.state = state_class(params, jax.tree.map(jnp.asarray, opt_state))
+        self.state = DifftreState(jax.tree.map(jnp.asarray, host_params), opt_state)
         self.statepoints: list[StatePoint] = []
         self.trajectories = TrajectoryStore(self.strategy, self.restart)
         self.predictions: dict[int, dict] = {}
         self.comm = TimedCollectives(self.strategy)
-        # why the running epoch stopped (None: none runs or it completed), for
-        # save_checkpoint: ("failed" | "callback" | "interrupted", update, ...)
-        self._stopped = None
         self._in_callback = False
         self._apply = jax.jit(scaled_params)
         self._opt_update = jax.jit(optimizer.update)
@@ -151,31 +141,34 @@ class Reweighting(HoldsState):
 
     @collective
     def add(self, fns, state_kwargs, reference, targets=None, target_values=None,
-            n_snapshots: int = 0, name: str | None = None, data=None) -> StatePoint:
-        """Add a state point (:func:`chemtrain.learn.statepoint.make_statepoint`
-        with the next index): ``fns`` its
-        :class:`~chemtrain.learn.statepoint.SimulationFunctions` with the
-        objective's ``method``, ``reference`` positions (N, dim) or (chains,
-        N, dim), ``targets``/``target_values`` as in :class:`DifftreParallel`
-        (none for relative entropy), ``n_snapshots`` per chain, ``data``
-        what the objective learns from besides targets. Its trajectory is
-        sampled by :meth:`initialize_trajstates`. Returns the state point."""
+            n_snapshots: int = 0, name: str | None = None, data=None, spec=None,
+            like: StatePoint | None = None) -> StatePoint:
+        """Add a state point (:func:`~chemtrain.learn.make_statepoint`, next
+        index; sampled by :meth:`initialize_trajstates`) and return it.
+        ``spec``: the objective's settings, from which it prepares its
+        functions (:attr:`~chemtrain.learn.Objective.prepare`); ``like``: an
+        earlier state point of the same ``fns`` whose prepared functions it
+        shares instead (nothing compiled again)."""
         sp = self._append(fns, state_kwargs, reference, targets, target_values, n_snapshots,
-                          name, data)
+                          name, data, spec, like)
         self._check_statepoints(f"add_statepoint of state point {sp.index}")
         return sp
 
     def _append(self, fns, state_kwargs, reference, targets, target_values, n_snapshots,
-                name=None, data=None) -> StatePoint:
+                name=None, data=None, spec=None, like=None) -> StatePoint:
+        if like is not None and like.fns is not fns:
+            raise ValueError(f"like=state point {like.name} shares its prepared functions only "
+                             f"with state points of its own simulation functions (fns).")
+        functions = like.functions if like is not None else self.objective.prepare(fns, spec)
         sp = make_statepoint(len(self.statepoints), fns, state_kwargs, reference, targets or {},
-                             target_values or {}, n_snapshots, name, data)
+                             target_values or {}, n_snapshots, name, data, functions)
         check_plot_x(self.plot_x, sp)
         self.statepoints.append(sp)
         self.trajectories.pools[sp.index] = pool_size(self.reuse, self.objective, sp)
-        n = self.n_statepoints
-        grown = {k: [*getattr(self.state, k), *[v] * (n - len(getattr(self.state, k)))]
-                 for k, v in self.objective.numbers.items()}
-        self.state = self.state.replace(reuses=reuses_of(self.state, n), **grown)
+        self.state = self.state.replace(
+            reuses=reuses_of(self.state, self.n_statepoints),
+            objective_state=objective_states(self.state, self.objective, self.statepoints,
+                                             self.params))
         return sp
 
     def batches(self) -> list[list[int]]:
@@ -266,7 +259,7 @@ class Reweighting(HoldsState):
         for epoch in epochs:
             started = time.perf_counter()
             self.comm.reset()
-            self._stopped = ("interrupted", self.update_count)
+            self._stop("interrupted", self.update_count)
             bar = self.reporter.bar(len(batches), f"epoch {epoch}")
             per_sp, step_sizes, norms = {}, [], []
             for batch in batches:
@@ -277,7 +270,7 @@ class Reweighting(HoldsState):
                 bar.set_postfix(loss=f"{result['loss']:.4g}")
                 bar.update()
             bar.close()
-            self._stopped = None
+            self.state = self.state.replace(stopped=None)
             loss = float(np.mean([per_sp[i]["loss"] for i in sorted(per_sp)]))
             record = {"epoch": epoch, "update": self.update_count, "loss": loss,
                       "step_sizes": step_sizes, "grad_norms": norms,
@@ -299,14 +292,16 @@ class Reweighting(HoldsState):
 
     def _update(self, batch, epoch):
         try:
-            state, report, predictions = apply_update(self._loop(), self.state, batch, epoch)
+            state, report, predictions, new = apply_update(self._loop(), self.state, batch,
+                                                           epoch)
         except UpdateRefused as e:
-            self._stopped = ("failed", self.update_count)
+            self._stop("failed", self.update_count)
             trees, meta = self._capture(with_trajstates=False)
             self.store.fail(str(e), trees, dict(meta, failed_epoch=epoch),
                             name=f"{self.name}_error_state")
+        self.trajectories.put(new)
         self.state, before = state, report.pop("params_before")
-        self._stopped = ("interrupted", self.update_count)
+        self._stop("interrupted", self.update_count)
         self.predictions.update(predictions)
         every = self.consistency_check_every
         if every and self.update_count % every == 0:
@@ -319,12 +314,16 @@ class Reweighting(HoldsState):
                                   "statepoints": report["statepoints"]})
         return report
 
+    def _stop(self, *why) -> None:
+        """Record in the state why the running epoch has not completed."""
+        self.state = self.state.replace(stopped=list(why))
+
     def _call_on_update(self, record) -> None:
         self._in_callback = True
         try:
             self.on_update(record)
         except Exception as e:
-            self._stopped = ("callback", record["update"], type(e).__name__)
+            self._stop("callback", record["update"], type(e).__name__)
             e.add_note(f"(raised by on_update after update {record['update']}, which was "
                        f"applied)")
             raise
@@ -349,7 +348,7 @@ class Reweighting(HoldsState):
         """Write parameters, optimizer state, histories and the trajectory
         states to ``path`` (plain data, atomic, root process). Call it on
         every process, after a completed epoch."""
-        problem = files.why_not_resumable(self.epoch, self._in_callback, self._stopped,
+        problem = files.why_not_resumable(self.epoch, self._in_callback, self.state.stopped,
                                           self.store.folder)
         if problem:
             raise RuntimeError(problem)
@@ -364,8 +363,9 @@ class Reweighting(HoldsState):
             path, self.state, {"n_shards": self.strategy.n_shards,
                                "n_statepoints": self.n_statepoints,
                                "sim_batch_size": self.sim_batch_size})
-        self.state = jax.tree.map(jnp.asarray, state)  # uncommitted, as trained ones
-        self._stopped = None
+        state = jax.tree.map(jnp.asarray, state)  # uncommitted, as trained ones
+        self.state = state.replace(stopped=None, objective_state=objective_states(
+            state, self.objective, self.statepoints, state.params))
         files.adopt_pools(meta, self.reuse, self.trajectories)
         if trajstates and meta.get("trajstates"):
             self.load_trajstates(path)

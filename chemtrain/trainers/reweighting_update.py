@@ -40,18 +40,13 @@ class UpdateRefused(Exception):
     process alike: the decision is made on values summed over them)."""
 
 
-def check_arguments(objective, state_class, optimizer, on_update) -> None:
-    """TypeError unless ``objective`` is an :class:`~chemtrain.learn.Objective`
-    whose numbers ``state_class`` has fields for, ``optimizer`` an optax
-    ``GradientTransformation`` and ``on_update`` None or callable."""
+def check_arguments(objective, optimizer, on_update) -> None:
+    """TypeError unless ``objective`` is an :class:`~chemtrain.learn.Objective`,
+    ``optimizer`` an optax ``GradientTransformation`` and ``on_update`` None
+    or callable."""
     if not isinstance(objective, Objective):
         raise TypeError(f"objective must be a chemtrain.learn.Objective, got "
                         f"{type(objective).__name__}.")
-    missing = [k for k in objective.numbers if not hasattr(state_class, "__dataclass_fields__")
-               or k not in state_class.__dataclass_fields__]
-    if missing:
-        raise TypeError(f"state_class {state_class.__name__} has no field {missing} for the "
-                        f"objective's numbers.")
     if on_update is not None and not callable(on_update):
         raise TypeError(f"on_update must be a function of one record (a dict), got "
                         f"{type(on_update).__name__}.")
@@ -161,8 +156,8 @@ class Loop:
     Attributes:
       objective: the :class:`~chemtrain.learn.Objective`.
       statepoints: the state points, in order.
-      trajectories: the :class:`~.trajectories.TrajectoryStore` (the
-        update replaces recomputed trajectories in it once it is applied).
+      trajectories: the :class:`~.trajectories.TrajectoryStore` (read
+        here; the trainer commits an update's recomputed trajectories).
       comm: the epoch's :class:`TimedCollectives`.
       key: the run's random key.
       reuse: ``(reweight_ratio, rule)``, the reuse rule (``rule`` a
@@ -193,6 +188,50 @@ def reuses_of(state, n: int) -> list:
     sampled (0 where a checkpoint of an older version had none)."""
     known = list(state.reuses)
     return [int(c) for c in known[:n]] + [0] * max(0, n - len(known))
+
+
+def objective_states(state, objective, statepoints, params) -> list:
+    """Per state point, the objective's state: the one in ``state``, or
+    ``objective.init`` where it has none (a state point just added, or a
+    checkpoint of a version that kept none)."""
+    known = list(state.objective_state)
+    return known[:len(statepoints)] + [objective.init(sp, params)
+                                       for sp in statepoints[len(known):]]
+
+
+#: the loop's own per-state-point numbers of an update (:func:`loop_contributions`)
+LOOP_NUMBERS = ("loss", "n_eff", "n_eff_start", "recomputed", "nbr_overflow", "n_independent",
+                "reuse_se")
+
+
+def loop_contributions(batch, results, params) -> dict:
+    """This process's share of the loop's own numbers of an update: the
+    gradient summed over its state points (float64) and, per state point of
+    ``batch`` (zeros where computed elsewhere, so the sum over processes is
+    the whole batch), :data:`LOOP_NUMBERS`: the loss, N_eff after and (as
+    ``n_eff_start``) before a recompute, whether it recomputed, the reuse
+    measures of the trajectory it started from and the neighbor-list
+    overflows. ``results``: state point -> host result of this process."""
+    out = {"grad": jax.tree.map(lambda p: np.zeros(np.shape(p), np.float64), params),
+           **{k: np.zeros(len(batch)) for k in LOOP_NUMBERS}}
+    for j, i in enumerate(batch):
+        if i in results:
+            r = results[i]
+            out["grad"] = jax.tree.map(np.add, out["grad"], r["grad"])
+            for k in LOOP_NUMBERS:
+                out[k][j] = r["aux"][k] if k in ("n_eff", "nbr_overflow") else r[k]
+    return out
+
+
+def loop_record(summed, j: int, sp, update: int) -> dict:
+    """The loop's entries of state point ``sp``'s history record (position
+    ``j`` of the update's batch): its index, the update, loss, N_eff before
+    any recompute, snapshots, whether it recomputed and the reuse measures."""
+    return {"statepoint": sp.index, "update": update, "loss": float(summed["loss"][j]),
+            "n_eff": float(summed["n_eff_start"][j]), "n_snapshots": sp.n_snapshots,
+            "recomputed": bool(summed["recomputed"][j]),
+            "n_independent": float(summed["n_independent"][j]),
+            "reuse_se": float(summed["reuse_se"][j])}
 
 
 def local_results(loop: Loop, state, local, params):
@@ -243,11 +282,14 @@ def apply_update(loop: Loop, state, batch, epoch: int):
     """One update over the state points ``batch``.
 
     Returns:
-      ``(state, report, predictions)``: the next state, the update's report
-      (``loss``, ``step_size``, ``grad_norm``, per-state-point ``statepoints``
-      records and ``params_before``) and the objective's predictions of the
-      batch's state points (state point -> predictions, where it has any).
-      Recomputed trajectories are in ``loop.trajectories``.
+      ``(state, report, predictions, trajectories)``: the next state, the
+      update's report (``loss``, ``step_size``, ``grad_norm``,
+      per-state-point ``statepoints`` records and ``params_before``), the
+      objective's predictions of the batch's state points (state point ->
+      predictions, where it has any) and the recomputed trajectories (state
+      point -> one per chain, on every process), which the caller commits
+      to its store (:meth:`~.trajectories.TrajectoryStore.put`); nothing in
+      ``loop.trajectories`` is replaced here.
 
     Raises:
       UpdateRefused: a simulation failed, the summed result is not finite
@@ -262,10 +304,11 @@ def apply_update(loop: Loop, state, batch, epoch: int):
     except (NeighborListOverflowError, SimulationError) as e:
         raise UpdateRefused(f"{type(e).__name__}: {e}") from e
     new = comm.timed(loop.trajectories.exchange, loop.statepoints, params, new)
-    mine = loop.objective.contributions(batch, loop.statepoints,
-                                        {i: upd.host64(o) for i, o in out.items()},
-                                        upd.host64(params))
-    summed = comm.timed(comm.strategy.host_sum, mine)
+    host = {i: upd.host64(o) for i, o in out.items()}
+    summed = comm.timed(comm.strategy.host_sum, {
+        "loop": loop_contributions(batch, host, upd.host64(params)),
+        "objective": loop.objective.contributions(batch, loop.statepoints, host)})
+    own, summed = summed["objective"], summed["loop"]
     grads = upd.mean_gradient(summed)
     problem = _refusal(loop, summed, batch, where, local, out, new, params)
     if problem:
@@ -292,7 +335,6 @@ def apply_update(loop: Loop, state, batch, epoch: int):
             f"or schedule that gives NaN, or a gradient so large that the optimizer's moments "
             f"overflow, as from a configuration where the potential is enormous (overlapping "
             f"particles).")
-    loop.trajectories.put(new)
     reuses = reuses_of(state, len(loop.statepoints))
     for j, i in enumerate(batch):
         reuses[i] = 0 if summed["recomputed"][j] else reuses[i] + 1
@@ -307,12 +349,14 @@ def apply_update(loop: Loop, state, batch, epoch: int):
             return mine
         after = comm.strategy.host_sum(comm.agree(
             compute, f"the objective's numbers after update {state.update_count}"))
-    numbers = {k: list(getattr(state, k)) for k in loop.objective.numbers}
-    numbers, loss, records = loop.objective.records(numbers, summed, after, batch,
-                                                    loop.statepoints, state.update_count)
-    predictions = dict(zip(batch, summed["pred"])) if "pred" in summed else {}
+    states = objective_states(state, loop.objective, loop.statepoints, params)
+    states, loss, mine = loop.objective.records(states, dict(own, loss=summed["loss"]), after,
+                                                batch, loop.statepoints)
+    records = {i: {**loop_record(summed, j, loop.statepoints[i], state.update_count),
+                   **mine.get(i, {})} for j, i in enumerate(batch)}
+    predictions = dict(zip(batch, own["pred"])) if "pred" in own else {}
     state = state.replace(params=new_params, opt_state=opt_state, reuses=reuses,
-                          update_count=state.update_count + 1,
-                          update_losses=[*state.update_losses, loss], **numbers)
+                          update_count=state.update_count + 1, objective_state=list(states),
+                          update_losses=[*state.update_losses, loss])
     return state, {"loss": loss, "step_size": scale, "statepoints": records,
-                   "grad_norm": upd.global_norm(grads), "params_before": params}, predictions
+                   "grad_norm": upd.global_norm(grads), "params_before": params}, predictions, new

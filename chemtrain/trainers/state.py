@@ -52,6 +52,7 @@ class TrainerState:
     TREES: ClassVar[tuple[str, ...]] = ()
     LOGS: ClassVar[tuple[str, ...]] = ()   # plain fields that grow: not part of the structure
     ADDED: ClassVar[dict] = {}   # plain field -> factory of its value where a file lacks it
+    RENAMED: ClassVar[dict] = {}   # plain field -> (older field, conversion) where a file has that
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -75,7 +76,10 @@ class TrainerState:
 
     @classmethod
     def join(cls, trees: Mapping[str, Any], plain: Mapping[str, Any]):
-        """The state made of :meth:`split`'s two parts (lists stay lists)."""
+        """The state made of :meth:`split`'s two parts (lists stay lists);
+        fields of older versions (``RENAMED``) are converted."""
+        plain = {**{new: convert(plain[old]) for new, (old, convert) in cls.RENAMED.items()
+                    if new not in plain and old in plain}, **plain}
         plain = {**{n: make() for n, make in cls.ADDED.items() if n not in plain}, **plain}
         missing = [n for n in (*cls.TREES, *cls.plain_fields())
                    if n not in (trees if n in cls.TREES else plain)]
@@ -199,6 +203,16 @@ class DifftreState(TrainerState):
       reuses: per state point, how many updates have reused its trajectory
         since it was sampled. Checkpoints of older versions lack it; it is
         then empty.
+      objective_state: per state point, the objective's own state (plain
+        data from :attr:`chemtrain.learn.Objective.init`; relative
+        entropy: ``{"s_rel": ...}``, the estimated change of the relative
+        entropy since the initial parameters). Empty in checkpoints of
+        versions that kept none (filled from ``init``); relative entropy's
+        older ``s_rel`` field is read into it.
+      stopped: why the running epoch stopped: None after a completed epoch
+        (every checkpoint), else ``["failed", update]``, ``["callback",
+        update, error class name]`` or ``["interrupted", updates]`` (an
+        error state says which).
       history: one record per epoch, as written to the trainer's
         ``log_file``.
       epoch_losses: the loss of every epoch (mean over state points).
@@ -207,7 +221,10 @@ class DifftreState(TrainerState):
 
     TREES: ClassVar[tuple[str, ...]] = ("params", "opt_state")
     LOGS: ClassVar[tuple[str, ...]] = ("history", "epoch_losses", "update_losses")
-    ADDED: ClassVar[dict] = {"reuses": list}   # absent from checkpoints of older versions
+    # absent from checkpoints of older versions
+    ADDED: ClassVar[dict] = {"reuses": list, "objective_state": list, "stopped": lambda: None}
+    # field -> (the older field it replaces, its conversion)
+    RENAMED: ClassVar[dict] = {"objective_state": ("s_rel", lambda v: [{"s_rel": x} for x in v])}
 
     params: Any
     opt_state: Any
@@ -215,34 +232,11 @@ class DifftreState(TrainerState):
     update_count: int = 0
     init_runs: int = 0
     reuses: list = dataclasses.field(default_factory=list)
+    objective_state: list = dataclasses.field(default_factory=list)
+    stopped: Any = None
     history: list = dataclasses.field(default_factory=list)
     epoch_losses: list = dataclasses.field(default_factory=list)
     update_losses: list = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass(frozen=True)
-class RelEntropyState(DifftreState):
-    """A relative-entropy run's state: a :class:`DifftreState` plus ``s_rel``.
-
-    Attributes:
-      params: the current parameters (pytree).
-      opt_state: the optimizer state (pytree).
-      epoch: epochs trained so far.
-      update_count: updates applied so far.
-      init_runs: ``num_runs`` of the last ``initialize_trajstates`` call.
-      reuses: per state point, how many updates have reused its trajectory
-        since it was sampled.
-      history: one record per epoch, as written to the trainer's
-        ``log_file``.
-      epoch_losses: the loss of every epoch (mean of ``s_rel`` over the
-        state points).
-      update_losses: the loss of every update (mean of ``s_rel`` over the
-        update's state points).
-      s_rel: per state point, the estimated change of the relative entropy
-        since the initial parameters (the sum of every update's estimate).
-    """
-
-    s_rel: list = dataclasses.field(default_factory=list)
 
 
 def checked_params(strategy, current, params):

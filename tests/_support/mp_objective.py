@@ -20,10 +20,12 @@ sys.path.insert(0, HERE)
 TARGETS, KTS = (2.0, 2.6), (2.56, 3.0)
 
 
-def trainer(folder, updates=12):
-    """(trainer, bond energy of a configuration): a Reweighting loop with the
-    mean-energy objective on a bonded pair whose energy is the bond plus a
-    trained constant ``shift``; trajectories are never recomputed."""
+def trainer(folder, updates=12, max_reuses=None):
+    """(trainer, bond energies of a state point's trajectory): a Reweighting
+    loop with the mean-energy objective on a bonded pair whose energy is the
+    bond plus a trained constant ``shift``, trained ``updates`` updates;
+    trajectories are recomputed only after ``max_reuses`` reuses (None:
+    never)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -43,22 +45,27 @@ def trainer(folder, updates=12):
         def energy(R, neighbor=None, **kwargs):
             return bond(fixed)(R, neighbor=neighbor, **kwargs) + p["shift"]
         return energy
-    tr = Reweighting(mean_energy_objective(template, TARGETS), 7, {"shift": jnp.asarray(0.0)},
+    tr = Reweighting(mean_energy_objective(), 7, {"shift": jnp.asarray(0.0)},
                      optax.sgd(0.25), sim_batch_size=-1, reweight_ratio=0.0,
-                     reuse=ReuseRule(max_reuse_se=None, max_reuses=None), progress=False,
+                     reuse=ReuseRule(max_reuse_se=None, max_reuses=max_reuses), progress=False,
                      checkpoint_path=folder)
     fns = simulation_functions(template, functools.partial(
         simulate.nvt_langevin, shift_fn=shift, dt=0.01, kT=2.56, gamma=0.5),
         partition.neighbor_list(displacement, 1.0, 0.9, format=partition.NeighborListFormat.Dense),
         process_printouts(0.01, 21.0, 1.0, 0.2), None)
-    for kT in KTS:
-        tr.add(fns, {"kT": kT, "mass": 10.0}, np.array([[0.0, 0.0, 0.0], [0.11, 0.09, 0.12]]),
-               n_snapshots=100)
+    first = None
+    for kT, target in zip(KTS, TARGETS):
+        sp = tr.add(fns, {"kT": kT, "mass": 10.0},
+                    np.array([[0.0, 0.0, 0.0], [0.11, 0.09, 0.12]]),
+                    targets={"mean_energy": {}}, target_values={"mean_energy": target},
+                    n_snapshots=100, like=first)
+        first = first or sp
     tr.initialize_trajstates(num_runs=2)
-    tr.train(updates)
+    if updates:
+        tr.train(updates)
 
-    def bond_energies(i):
-        positions = tr.trajstates[i][0].snapshots.position
+    def bond_energies(i, trajs=None):
+        positions = (trajs or tr.trajstates[i])[0].snapshots.position
         return [float(jax.jit(lambda R: bond(fixed)(R))(R)) for R in positions]
     return tr, bond_energies
 

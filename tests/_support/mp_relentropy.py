@@ -28,7 +28,7 @@ def small(folder, **options):
 
 
 def summary(tr):
-    return {"params": {k: float(v) for k, v in tr.params.items()}, "s_rel": tr.state.s_rel,
+    return {"params": {k: float(v) for k, v in tr.params.items()}, "s_rel": tr.s_rel,
             "losses": [e["loss"] for e in tr.history]}
 
 

@@ -372,7 +372,6 @@ def test_force_matching_optimizer_pieces_are_refused(piece, tmp_path):
         Difftre(params, opt, progress=False, checkpoint_path=str(tmp_path / "b"))
     with pytest.raises(ValueError, match="RelativeEntropy: the " + match):
         RelativeEntropy(params, opt, progress=False, checkpoint_path=str(tmp_path / "c"))
-    template = lennard_jones_template(space.periodic(2.0)[0], 0.9)
     with pytest.raises(ValueError, match=match):
-        Reweighting(mean_energy_objective(template, [1.0]), 0, params, opt, progress=False,
+        Reweighting(mean_energy_objective(), 0, params, opt, progress=False,
                     checkpoint_path=str(tmp_path / "d"))

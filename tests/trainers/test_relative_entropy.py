@@ -51,7 +51,7 @@ def test_gradient_matches_finite_differences_and_numpy(tmp_path):
     R = sp.data.take(np.arange(100))
     nbrs = sp.neighbor_fn.allocate(R[0])
     theta = {"r_0": jnp.asarray(0.31), "b": jnp.asarray(1.6)}   # not the trajectory's
-    (_, aux), grad = sp.fns.method.loss_and_grad(theta, chains, U_ref, R, nbrs, sp.state_kwargs)
+    (_, aux), grad = sp.functions.loss_and_grad(theta, chains, U_ref, R, nbrs, sp.state_kwargs)
     n = len(U_ref)
     assert float(aux["n_eff"]) < 0.99 * n   # the reweighting is exercised
 
@@ -71,7 +71,7 @@ def test_gradient_matches_finite_differences_and_numpy(tmp_path):
 
         def change(sign):
             new = dict(theta, **{k: theta[k] + sign * h})
-            return float(sp.fns.method.change(theta, new, chains, aux["U"], aux["weights"], R, nbrs,
+            return float(sp.functions.change(theta, new, chains, aux["U"], aux["weights"], R, nbrs,
                                        sp.state_kwargs)[0])
         fd = (change(1) - change(-1)) / (2 * h)
         assert abs(fd - got[j]) <= 1e-3 * abs(got[j]), (k, fd, got[j])
@@ -96,7 +96,7 @@ def test_gradient_is_zero_at_the_truth(tmp_path):
 
     def gradient_and_se(R):
         nbrs = sp.neighbor_fn.allocate(R[0])
-        (_, aux), g = sp.fns.method.loss_and_grad(tr.params, chains, U_ref, R, nbrs, sp.state_kwargs)
+        (_, aux), g = sp.functions.loss_and_grad(tr.params, chains, U_ref, R, nbrs, sp.state_kwargs)
         se = beta * np.hypot(dU(R, **truth).std(0, ddof=1) / np.sqrt(len(R)),
                              block_se(dU(snaps, **truth)))
         return np.array([float(g["r_0"]), float(g["b"])]), se
@@ -147,7 +147,7 @@ def test_resume_is_bitwise_and_foreign_files_are_refused(tmp_path):
     resumed.train(2)
     for k in full.params:
         assert np.asarray(full.params[k]).tobytes() == np.asarray(resumed.params[k]).tobytes()
-    assert full.state.s_rel == resumed.state.s_rel
+    assert full.s_rel == resumed.s_rel
     assert [e["loss"] for e in full.history] == [e["loss"] for e in resumed.history]
 
     nan = small(tmp_path / "d", optimizer=optax.scale(float("nan")))

@@ -53,6 +53,6 @@ def test_old_relative_entropy_checkpoint_continues_bitwise(tmp_path):
     tr, _ = ex.bond_trainer(0, frames=200, production=1.0, progress=False,
                             checkpoint_path=str(tmp_path / "r"), initialize=False)
     tr.restore(os.path.join(DATA, "relentropy_checkpoint.npz"))
-    assert tr.epoch == 2 and len(tr.state.s_rel) == 1
+    assert tr.epoch == 2 and len(tr.s_rel) == 1
     tr.train(2)
     _same(tr.params, _expected("relentropy_continued.npz"))
