@@ -132,7 +132,7 @@ def _result(sp, params, trajs, derived, inputs):
     return {"loss": loss, "aux": aux, "grad": grad}
 
 
-def _contributions(batch: Sequence[int], statepoints, results) -> dict:
+def target_contributions(batch: Sequence[int], statepoints, results) -> dict:
     """Per state point, the loss parts (NaN without a part, e.g. under a
     custom ``loss_fn``) and the predictions."""
     names = list(statepoints[batch[0]].targets)
@@ -149,7 +149,7 @@ def _contributions(batch: Sequence[int], statepoints, results) -> dict:
     return out
 
 
-def _records(states, summed, after, batch, statepoints):
+def target_records(states, summed, after, batch, statepoints):
     """State point -> its loss parts, predictions and targets; the update's
     loss is the batch mean."""
     names = list(statepoints[batch[0]].targets)
@@ -211,8 +211,8 @@ def difftre_objective() -> Objective:
     to :meth:`~chemtrain.trainers.Reweighting.add`) is ``{quantities,
     targets, observables, loss_fn, vmap_batch}``, from which it prepares
     :func:`difftre_functions`."""
-    return Objective("DiffTRe", _result, _records, prepare=_prepare,
-                     contributions=_contributions, derive=fixed_quantities,
+    return Objective("DiffTRe", _result, target_records, prepare=_prepare,
+                     contributions=target_contributions, derive=fixed_quantities,
                      check=lambda sp, params, trajs: check_first_configuration(
                          sp, params, trajs, sp.functions.quantities),
                      plot=plot_predictions, pools=True)

@@ -1,0 +1,222 @@
+"""Learning from dynamics (issue 48): dynamic observables as averages over a
+state point's canonical start states of functionals of short NVE segments
+(Han and Yu, Nat. Commun. 16, 2025), and their exact gradient.
+
+A dynamic observable is ``O = sum_i w_i(theta) o_i(theta)``: the start
+states are the stored snapshots (positions and momenta) of a state point's
+trajectory, reweighted to the current parameters (``w_i``, DiffTRe's
+weights), and ``o_i`` a functional of the NVE segment started from snapshot
+``i`` under the current potential (e.g. its Green-Kubo diffusion
+coefficient). Its gradient has two parts: the start-state distribution's
+(through ``w_i``) and the segment's own (through ``o_i``, by reverse mode
+through the integrator). :func:`make_value_and_grad` computes both exactly.
+
+**Memory.** The segment (:func:`make_segment`) is jax-md's velocity-Verlet
+NVE integrator in a scan over blocks of steps, with gradient checkpointing
+at two levels: the reverse pass keeps only the simulator state at block
+boundaries and, while one block is reversed, at its steps, and recomputes
+each step's forces when it is reversed. So the memory of a segment's
+gradient grows with ``n_steps / block + block`` simulator states (about
+``2 sqrt(n_steps)`` at the default block) instead of with every step's
+intermediates; a simulator state of 864 argon atoms is 83 kB. The cost is
+one more forward pass per level (about four forward passes per gradient
+instead of two). A reversible integrator would keep less, but reversing a
+chaotic liquid's trajectory in floating point diverges within picoseconds,
+so its gradients would be wrong; checkpointing is exact.
+
+**Two passes.** ``w_i`` needs every ``o_i`` before the loss's cotangent is
+known, so the loss and gradient take two passes over the start states: the
+observables first (forward only), then, one start state after another, the
+segment's vector-Jacobian product with the cotangent scaled by ``w_i``, so
+peak memory holds one segment's reverse pass, not all of them.
+
+Units are chemtrain's: nm, ps, amu, kJ/mol.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from ..ensemble import ENSEMBLE_KEYS
+from ..quantity import dynamics as dq
+from . import difftre as reweight
+
+
+def block_size(n_steps: int) -> int:
+    """The divisor ``b`` of ``n_steps`` that minimises ``n_steps / b + b``:
+    the simulator states the checkpointed reverse pass keeps."""
+    divisors = [b for b in range(1, n_steps + 1) if n_steps % b == 0]
+    return min(divisors, key=lambda b: (n_steps // b + b, b))
+
+
+def make_segment(energy_fn_template: Callable, shift_fn: Callable, dt: float, n_steps: int,
+                 block: int | None = None) -> Callable:
+    """An NVE segment of ``n_steps`` velocity-Verlet steps of ``dt`` ps,
+    differentiable with memory that grows with ``sqrt(n_steps)``.
+
+    Args:
+      energy_fn_template: ``params -> energy_fn(R, neighbor, **kwargs)``
+        (kJ/mol).
+      shift_fn: jax-md's shift function of the box.
+      dt: the time step (ps).
+      n_steps: steps per segment.
+      block: steps per checkpointed block (a divisor of ``n_steps``; None:
+        :func:`block_size`).
+
+    Returns:
+      ``segment(params, position, momentum, mass, nbrs, kwargs) -> (series,
+      overflow)``: from positions (N, dim, nm) and momenta (amu nm/ps),
+      masses (amu, scalar or (N,)) and a neighbor list of the start (None:
+      a potential without one), the
+      series ``{'vacf': (n_steps + 1,) nm^2/ps^2, 'msd': (n_steps + 1,)
+      nm^2}`` at t = 0, dt, ..., and whether the neighbor list overflowed.
+      ``kwargs`` go to the energy function (e.g. ``species``).
+
+    Raises:
+      ValueError: ``n_steps`` or ``block`` not a positive whole number, or a
+        block that does not divide ``n_steps``.
+    """
+    from jax_md import simulate
+    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
+        raise ValueError(f"n_steps must be a positive whole number, got {n_steps!r}.")
+    block = block_size(n_steps) if block is None else block
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1 or n_steps % block:
+        raise ValueError(f"block must be a positive divisor of n_steps={n_steps}, got {block!r} "
+                         f"(None picks {block_size(n_steps)}).")
+
+    def segment(params, position, momentum, mass, nbrs, kwargs):
+        init_fn, step_fn = simulate.nve(energy_fn_template(params), shift_fn, dt)
+        state = init_fn(None, position, 0.0, mass=mass, momenta=momentum, neighbor=nbrs,
+                        **kwargs)
+        v0 = state.velocity
+
+        def step(carry, _):
+            state, nbrs, disp, overflow = carry
+            # velocity Verlet moves each particle by dt (p + dt F / 2) / m
+            disp = disp + dt * (state.momentum + 0.5 * dt * state.force) / state.mass
+            state = step_fn(state, neighbor=nbrs, **kwargs)
+            if nbrs is not None:
+                nbrs = nbrs.update(state.position)
+                overflow = overflow | (nbrs.did_buffer_overflow > 0)
+            return (state, nbrs, disp, overflow), (dq.velocity_autocorrelation(v0, state.velocity),
+                                                   dq.mean_squared_displacement(disp))
+
+        def run_block(carry, _):
+            return jax.lax.scan(jax.checkpoint(step), carry, None, length=block)
+
+        start = (state, nbrs, jnp.zeros_like(position), jnp.asarray(False))
+        (_, _, _, overflow), (vacf, msd) = jax.lax.scan(jax.checkpoint(run_block), start, None,
+                                                        length=n_steps // block)
+        series = {"vacf": jnp.concatenate([dq.velocity_autocorrelation(v0, v0)[None],
+                                           vacf.reshape(-1)]),
+                  "msd": jnp.concatenate([jnp.zeros((1,), msd.dtype), msd.reshape(-1)])}
+        return series, overflow
+    segment.n_steps, segment.dt, segment.block = n_steps, dt, block
+    return segment
+
+
+def diffusion(dim: int = 3) -> Callable:
+    """The segment functional of the Green-Kubo self-diffusion coefficient
+    (nm^2/ps, :func:`chemtrain.quantity.dynamics.green_kubo_diffusion`):
+    ``fn(series, dt) -> D``."""
+    return lambda series, dt: dq.green_kubo_diffusion(series["vacf"], dt, dim)
+
+
+def start_states(chains):
+    """Every stored snapshot of every chain, in chain order, as start states:
+    ``(positions, momenta, nbrs)`` with a leading start-state axis; ``nbrs``
+    the first chain's list (rebuilt at each start)."""
+    snapshots = [c[0] for c in chains]
+    R = jnp.concatenate([s.position for s in snapshots])
+    P = jnp.concatenate([s.momentum for s in snapshots])
+    return R, P, chains[0][1]
+
+
+def make_value_and_grad(energy_fn_template: Callable, segment: Callable,
+                        functionals: Mapping[str, Callable], loss_fn: Callable,
+                        vmap_batch: int | None = 10) -> Callable:
+    """The loss of dynamic observables and its exact gradient.
+
+    Args:
+      energy_fn_template: ``params -> energy_fn(R, neighbor, **kwargs)``.
+      segment: :func:`make_segment` of the same template.
+      functionals: ``{name: fn(series, dt) -> value}`` per segment (e.g.
+        :func:`diffusion`); the observable is the reweighted mean over the
+        start states.
+      loss_fn: ``(observables, targets) -> (loss, parts)``, a scalar and
+        a dict of its parts (e.g. :func:`squared_error`).
+      vmap_batch: snapshots whose energies are evaluated at once.
+
+    Returns:
+      ``value_and_grad(params, chains, U_ref, targets, state_kwargs) ->
+      ((loss, aux), grad)``; ``chains`` the stored trajectories as
+      ``(snapshots, nbrs)`` per chain (their snapshots are the start
+      states), ``U_ref`` their reference energies. ``aux``: ``predictions``
+      (the observables), ``per_start`` (each start state's values),
+      ``weights``, ``n_eff`` and ``nbr_overflow`` (segments or snapshots
+      whose neighbor list overflowed).
+    """
+    evaluate = reweight.make_snapshot_evaluator(energy_fn_template, None, vmap_batch)
+
+    def observe(params, R, P, nbrs0, state_kwargs):
+        nbrs = nbrs0.update(R)
+        kwargs = {k: v for k, v in state_kwargs.items() if k not in ENSEMBLE_KEYS}
+        series, overflow = segment(params, R, P, state_kwargs.get("mass", 1.0), nbrs, kwargs)
+        values = {k: fn(series, segment.dt) for k, fn in functionals.items()}
+        return values, overflow | nbrs.did_buffer_overflow
+
+    def value_and_grad(params, chains, U_ref, targets, state_kwargs):
+        R, P, nbrs0 = start_states(chains)
+        per_start, overflow = jax.lax.map(
+            lambda rp: observe(params, rp[0], rp[1], nbrs0, state_kwargs), (R, P))
+        per_start = jax.lax.stop_gradient(per_start)
+
+        def mixture(p):
+            U, _, n_over = evaluate(p, chains, state_kwargs)
+            w = reweight.reweighting_weights(U, U_ref, state_kwargs["kT"])
+            return {k: jnp.tensordot(w, v, axes=(0, 0)) for k, v in per_start.items()}, (w, n_over)
+
+        observables, start_vjp, (w, n_over) = jax.vjp(mixture, params, has_aux=True)
+        loss, loss_vjp, parts = jax.vjp(lambda o: loss_fn(o, targets), observables,
+                                        has_aux=True)
+        cot = loss_vjp(jnp.ones_like(loss))[0]
+        grad_start = start_vjp(cot)[0]
+
+        def add_segment(total, item):
+            r, p, wi = item
+            _, vjp = jax.vjp(lambda q: observe(q, r, p, nbrs0, state_kwargs)[0], params)
+            g = vjp(jax.tree.map(lambda c: wi * c, cot))[0]
+            return jax.tree.map(jnp.add, total, g), None
+        grad_segments, _ = jax.lax.scan(add_segment, jax.tree.map(jnp.zeros_like, params),
+                                        (R, P, w))
+        grad = jax.tree.map(jnp.add, grad_start, grad_segments)
+        aux = {"predictions": observables, "per_start": per_start, "weights": w,
+               "n_eff": reweight.effective_sample_size(w), "parts": parts,
+               "nbr_overflow": jnp.sum(overflow) + n_over}
+        return (loss, aux), grad
+    return value_and_grad
+
+
+def squared_error(scales: Mapping[str, float] | None = None) -> Callable:
+    """``loss(observables, targets) -> (loss, parts)``: the sum over targets
+    of ``gamma x mean((observable - target)^2)``, ``gamma`` from ``scales``
+    (default 1), and each target's part."""
+    scales = dict(scales or {})
+
+    def loss(observables, targets):
+        parts = {k: jnp.mean((observables[k] - targets[k]) ** 2) for k in targets}
+        return sum(scales.get(k, 1.0) * v for k, v in parts.items()), parts
+    return loss
+
+
+def check_steps(dt: float, duration: float) -> int:
+    """Steps of ``dt`` ps in a segment of ``duration`` ps (a whole number of
+    steps, else ValueError)."""
+    n = duration / dt
+    if not (math.isfinite(n) and n >= 1 and abs(n - round(n)) < 1e-6 * max(1.0, n)):
+        raise ValueError(f"A segment of {duration} ps is not a whole number of steps of "
+                         f"{dt} ps; choose a duration that is a multiple of dt.")
+    return int(round(n))
