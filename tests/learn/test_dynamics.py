@@ -4,23 +4,21 @@ hand-made series, the exact gradient of a diffusion loss against central
 finite differences on a Lennard-Jones liquid (common start states), and the
 reweighting loop learning a spring constant from a velocity
 autocorrelation curve whose canonical average is known in closed form."""
-import functools
+import json
+import os
 
 import chemtrain  # noqa: F401  (before jax_md)
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from jax_md import partition, simulate, space
 
-from chemtrain.learn import ReuseRule, simulation_functions
+import mp
 from chemtrain.learn import dynamics as dyn
-from chemtrain.learn.dynamics_objective import dynamics_objective
 from chemtrain.models.pair import lennard_jones_template
 from chemtrain.quantity import dynamics as dq
-from chemtrain.simulate import process_printouts
-from chemtrain.trainers import Reweighting
+from mp_dynamics import K_TRUE, wells_trainer
 
 
 def test_segment_follows_the_harmonic_oscillator():
@@ -124,37 +122,38 @@ def test_reweighting_loop_learns_a_spring_constant_from_a_velocity_autocorrelati
     sine term of 16 x 27 particles moves the fitted k by about 2.5 % from one
     trajectory to the next (measured: the end value over runs was 4.05-4.10
     after decaying steps), so the check is 4 %."""
-    L, kT, m, dt = 3.0, 2.5, 10.0, 0.005
-    disp, shift = space.periodic(L)
-    g = (np.arange(3) + 0.5) * (L / 3)
-    sites = np.stack(np.meshgrid(g, g, g, indexing="ij"), -1).reshape(-1, 3)
-
-    def template(p):
-        def energy(R, neighbor=None, **kw):
-            d = jax.vmap(disp)(R, jnp.asarray(sites, R.dtype))
-            return 0.5 * 100.0 * p["scaled_k"] * jnp.sum(d ** 2)
-        return energy
-    t = dt * np.arange(201)
-    target = np.cos(np.sqrt(400.0 / m) * t)
     with jax.enable_x64(True):
-        tr = Reweighting(dynamics_objective(), 0, {"scaled_k": jnp.asarray(3.0)},
-                         optax.adam(optax.cosine_decay_schedule(0.08, 40)),
-                         reuse=ReuseRule(pool=1), progress=False,
-                         checkpoint_path=str(tmp_path))
-        fns = simulation_functions(template, functools.partial(
-            simulate.nvt_langevin, shift_fn=shift, dt=dt, kT=kT, gamma=2.0),
-            partition.neighbor_list(disp, L, 0.3, format=partition.NeighborListFormat.Dense),
-            process_printouts(dt, 6.0, 2.0, 0.25), None)
-        spec = {"segment": dyn.make_segment(template, shift, dt, 200),
-                "functionals": {"vacf": lambda series, dt: series["vacf"] / series["vacf"][0]},
-                "targets": {"vacf": {"gamma": 10.0}}}
-        tr.add(fns, {"kT": kT, "mass": m}, sites, targets=spec["targets"],
-               target_values={"vacf": target}, n_snapshots=16, spec=spec)
+        tr = wells_trainer(str(tmp_path))
         tr.initialize_trajstates()
         ks = []
         tr.on_update = lambda rec: ks.append(100 * float(rec["params_after"]["scaled_k"]))
         tr.train(40)
-    assert abs(np.mean(ks[-5:]) - 400.0) < 0.04 * 400.0, ks[-10:]
-    assert ks[0] < 310.0 and abs(ks[-1] - 400.0) < abs(ks[0] - 400.0) / 5
+    assert abs(np.mean(ks[-5:]) - K_TRUE) < 0.04 * K_TRUE, ks[-10:]
+    assert ks[0] < 310.0 and abs(ks[-1] - K_TRUE) < abs(ks[0] - K_TRUE) / 5
     rec = tr.history[-1]["statepoints"][0]
     assert len(rec["predictions"]["vacf"]) == 201 and rec["parts"]["vacf"] >= 0.0
+
+
+def test_dynamics_run_resumes_bitwise_and_two_ranks_equal_one_process(tmp_path):
+    """The dynamics objective on the loop's checkpoints and MPI: a run
+    stopped after 2 epochs and restored continues to the parameters of one
+    that never stopped; two state points on two ranks give one process's
+    parameters and losses."""
+    with jax.enable_x64(True):
+        full = wells_trainer(str(tmp_path / "full"), kTs=(2.5, 3.5), sim_batch_size=-1)
+        full.initialize_trajstates()
+        full.train(4, checkpoint_freq=2)
+        resumed = wells_trainer(str(tmp_path / "resumed"), kTs=(2.5, 3.5), sim_batch_size=-1)
+        resumed.restore(full.store.epoch_path(2))
+        resumed.train(2)
+    assert float(resumed.params["scaled_k"]) == float(full.params["scaled_k"])
+    assert resumed.update_losses == full.update_losses
+    out = tmp_path / "mpi"
+    out.mkdir()
+    rc, log, _ = mp.mpirun(2, [os.path.join(mp.HERE, "mp_dynamics.py"), "--out", str(out)],
+                           timeout=600)
+    assert rc == 0, log[-4000:]
+    for rank in range(2):
+        got = json.loads((out / f"result_{rank}.json").read_text())
+        np.testing.assert_allclose(got["k"], float(full.params["scaled_k"]), rtol=1e-9)
+        np.testing.assert_allclose(got["losses"], full.update_losses, rtol=1e-9)
