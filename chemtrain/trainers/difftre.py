@@ -96,7 +96,8 @@ class DifftreParallel(Reweighting):
         ``epoch``, ``batch`` (the state points), ``params_before``,
         ``params_after``, ``loss``, ``step_size`` and ``statepoints``
         (state point -> the per-state-point record of the epoch's
-        ``history``: loss, parts, N_eff, recomputed, predictions, targets).
+        ``history``: loss, parts, N_eff, the pool's largest N_eff
+        ``pool_n_eff``, recomputed, predictions, targets).
 
     Attributes after training: ``params``, ``opt_state``, ``trajstates``
     (state point -> list of :class:`chemtrain.simulate.TrajState`, one per

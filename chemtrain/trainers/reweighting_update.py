@@ -200,8 +200,8 @@ def objective_states(state, objective, statepoints, params) -> list:
 
 
 #: the loop's own per-state-point numbers of an update (:func:`loop_contributions`)
-LOOP_NUMBERS = ("loss", "n_eff", "n_eff_start", "recomputed", "nbr_overflow", "n_independent",
-                "reuse_se")
+LOOP_NUMBERS = ("loss", "n_eff", "n_eff_start", "pool_n_eff", "recomputed", "nbr_overflow",
+                "n_independent", "reuse_se")
 
 
 def loop_contributions(batch, results, params) -> dict:
@@ -209,7 +209,8 @@ def loop_contributions(batch, results, params) -> dict:
     gradient summed over its state points (float64) and, per state point of
     ``batch`` (zeros where computed elsewhere, so the sum over processes is
     the whole batch), :data:`LOOP_NUMBERS`: the loss, N_eff after and (as
-    ``n_eff_start``) before a recompute, whether it recomputed, the reuse
+    ``n_eff_start``) before a recompute, the largest N_eff of the pool's
+    trajectories before it (``pool_n_eff``), whether it recomputed, the reuse
     measures of the trajectory it started from and the neighbor-list
     overflows. ``results``: state point -> host result of this process."""
     out = {"grad": jax.tree.map(lambda p: np.zeros(np.shape(p), np.float64), params),
@@ -226,9 +227,12 @@ def loop_contributions(batch, results, params) -> dict:
 def loop_record(summed, j: int, sp, update: int) -> dict:
     """The loop's entries of state point ``sp``'s history record (position
     ``j`` of the update's batch): its index, the update, loss, N_eff before
-    any recompute, snapshots, whether it recomputed and the reuse measures."""
+    any recompute (of the newest trajectory; ``pool_n_eff``: the largest of
+    its pool, which the reuse rule reads), snapshots, whether it recomputed
+    and the reuse measures."""
     return {"statepoint": sp.index, "update": update, "loss": float(summed["loss"][j]),
-            "n_eff": float(summed["n_eff_start"][j]), "n_snapshots": sp.n_snapshots,
+            "n_eff": float(summed["n_eff_start"][j]),
+            "pool_n_eff": float(summed["pool_n_eff"][j]), "n_snapshots": sp.n_snapshots,
             "recomputed": bool(summed["recomputed"][j]),
             "n_independent": float(summed["n_independent"][j]),
             "reuse_se": float(summed["reuse_se"][j])}
@@ -259,7 +263,7 @@ def local_results(loop: Loop, state, local, params):
             sample = store.sample(i, trajs)
             result = objective.result(sp, params, sample, objective.derive(sp, params, sample),
                                       inputs[i])
-        out[i] = dict(result, n_eff_start=n_eff_start, recomputed=recompute,
+        out[i] = dict(result, n_eff_start=n_eff_start, pool_n_eff=best, recomputed=recompute,
                       n_independent=n_indep, reuse_se=distance)
     return out, inputs, new
 

@@ -220,8 +220,12 @@ def test_upstream_two_particle_test_at_our_defaults(tmp_path):
     assert trainer.trajectories.pools[0] == 18
     assert errors[-1] < 1e-3 and np.mean(errors) < 1e-3, errors
     assert abs(0.5 * (r_0[-1] + r_0[-2]) / 0.3553 - 1) < 0.005, r_0[-2:]
-    recomputes = sum(r["recomputed"] for e in trainer.history for r in e["statepoints"])
+    records = [r for e in trainer.history for r in e["statepoints"]]
+    recomputes = sum(r["recomputed"] for r in records)
     assert recomputes <= 80, recomputes
+    # the records show the pool's best N_eff, which the reuse rule reads
+    assert all(r["pool_n_eff"] >= r["n_eff"] - 1e-9 for r in records)
+    assert any(r["pool_n_eff"] > r["n_eff"] + 1.0 for r in records)
 
 
 def _upstream_two_particle_test(tmp_path, seed, **options):

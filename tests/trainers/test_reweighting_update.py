@@ -84,6 +84,7 @@ def test_apply_update_returns_the_next_state_and_changes_nothing(tmp_path):
             np.testing.assert_allclose(rec["loss"], losses[i], rtol=1e-9)    # the loop's
             np.testing.assert_allclose(rec["mean_energy"], means[i], rtol=1e-9)  # the objective's
             assert rec["n_eff"] == pytest.approx(rec["n_snapshots"], rel=1e-9)
+            assert rec["pool_n_eff"] == rec["n_eff"]       # a pool of one
         # one reuse later every trajectory is recomputed: returned, not committed
         state2, report, _, new = apply_update(tr._loop(), state1, [0, 1], 0)
         assert sorted(new) == [0, 1] and all(store.states[i] is kept[i] for i in range(2))
