@@ -40,7 +40,7 @@ from typing import Callable, Mapping
 import jax
 import jax.numpy as jnp
 
-from ..ensemble import ENSEMBLE_KEYS
+from ..ensemble import ENSEMBLE_KEYS, volume
 from ..quantity import dynamics as dq
 from . import difftre as reweight
 
@@ -53,7 +53,7 @@ def block_size(n_steps: int) -> int:
 
 
 def make_segment(energy_fn_template: Callable, shift_fn: Callable, dt: float, n_steps: int,
-                 block: int | None = None) -> Callable:
+                 block: int | None = None, stress_box=None) -> Callable:
     """An NVE segment of ``n_steps`` velocity-Verlet steps of ``dt`` ps,
     differentiable with memory that grows with ``sqrt(n_steps)``.
 
@@ -65,6 +65,12 @@ def make_segment(energy_fn_template: Callable, shift_fn: Callable, dt: float, n_
       n_steps: steps per segment.
       block: steps per checkpointed block (a divisor of ``n_steps``; None:
         :func:`block_size`).
+      stress_box: the periodic box (nm: a side, sides or a matrix) to also
+        record the stress tensor's off-diagonal components at every step
+        (for the shear viscosity, :func:`shear_viscosity`); its virial part
+        is the strain derivative through the energy function's
+        ``perturbation`` keyword, as for :func:`chemtrain.quantity.pressure`.
+        None: no stress (it costs about one more backward pass per step).
 
     Returns:
       ``segment(params, position, momentum, mass, nbrs, kwargs) -> (series,
@@ -72,7 +78,9 @@ def make_segment(energy_fn_template: Callable, shift_fn: Callable, dt: float, n_
       masses (amu, scalar or (N,)) and a neighbor list of the start (None:
       a potential without one), the
       series ``{'vacf': (n_steps + 1,) nm^2/ps^2, 'msd': (n_steps + 1,)
-      nm^2}`` at t = 0, dt, ..., and whether the neighbor list overflowed.
+      nm^2}`` at t = 0, dt, ... (with ``stress_box`` also ``'stress'``:
+      (n_steps + 1, 3), the xy, xz and yz components in kJ/mol/nm^3), and
+      whether the neighbor list overflowed.
       ``kwargs`` go to the energy function (e.g. ``species``).
 
     Raises:
@@ -88,10 +96,18 @@ def make_segment(energy_fn_template: Callable, shift_fn: Callable, dt: float, n_
                          f"(None picks {block_size(n_steps)}).")
 
     def segment(params, position, momentum, mass, nbrs, kwargs):
-        init_fn, step_fn = simulate.nve(energy_fn_template(params), shift_fn, dt)
+        energy_fn = energy_fn_template(params)
+        init_fn, step_fn = simulate.nve(energy_fn, shift_fn, dt)
         state = init_fn(None, position, 0.0, mass=mass, momenta=momentum, neighbor=nbrs,
                         **kwargs)
         v0 = state.velocity
+
+        def record(state, nbrs, disp):
+            out = (dq.velocity_autocorrelation(v0, state.velocity),
+                   dq.mean_squared_displacement(disp))
+            if stress_box is None:
+                return out
+            return out + (_shear_stress(energy_fn, state, nbrs, stress_box, kwargs),)
 
         def step(carry, _):
             state, nbrs, disp, overflow = carry
@@ -101,28 +117,71 @@ def make_segment(energy_fn_template: Callable, shift_fn: Callable, dt: float, n_
             if nbrs is not None:
                 nbrs = nbrs.update(state.position)
                 overflow = overflow | (nbrs.did_buffer_overflow > 0)
-            return (state, nbrs, disp, overflow), (dq.velocity_autocorrelation(v0, state.velocity),
-                                                   dq.mean_squared_displacement(disp))
+            return (state, nbrs, disp, overflow), record(state, nbrs, disp)
 
         def run_block(carry, _):
             return jax.lax.scan(jax.checkpoint(step), carry, None, length=block)
 
         start = (state, nbrs, jnp.zeros_like(position), jnp.asarray(False))
-        (_, _, _, overflow), (vacf, msd) = jax.lax.scan(jax.checkpoint(run_block), start, None,
-                                                        length=n_steps // block)
-        series = {"vacf": jnp.concatenate([dq.velocity_autocorrelation(v0, v0)[None],
-                                           vacf.reshape(-1)]),
-                  "msd": jnp.concatenate([jnp.zeros((1,), msd.dtype), msd.reshape(-1)])}
+        (_, _, _, overflow), ys = jax.lax.scan(jax.checkpoint(run_block), start, None,
+                                               length=n_steps // block)
+        first = record(state, nbrs, start[2])
+        series = {k: jnp.concatenate([a[None], b.reshape(-1, *a.shape)])
+                  for k, a, b in zip(("vacf", "msd", "stress"), first, ys)}
         return series, overflow
     segment.n_steps, segment.dt, segment.block = n_steps, dt, block
     return segment
 
 
-def diffusion(dim: int = 3) -> Callable:
-    """The segment functional of the Green-Kubo self-diffusion coefficient
-    (nm^2/ps, :func:`chemtrain.quantity.dynamics.green_kubo_diffusion`):
-    ``fn(series, dt) -> D``."""
-    return lambda series, dt: dq.green_kubo_diffusion(series["vacf"], dt, dim)
+def _shear_stress(energy_fn, state, nbrs, box, kwargs):
+    """The xy, xz, yz components of the stress tensor (kJ/mol/nm^3): the
+    kinetic part plus the strain derivative of the energy, over the volume."""
+    R, dim = state.position, state.position.shape[-1]
+    eye = jnp.eye(dim, dtype=R.dtype)
+    dU = jax.grad(lambda eps: energy_fn(R, neighbor=nbrs, perturbation=eye + eps, **kwargs))(
+        jnp.zeros((dim, dim), R.dtype))
+    v = state.velocity
+    kinetic = jnp.einsum("i,ia,ib->ab", jnp.broadcast_to(jnp.ravel(state.mass), R.shape[:1]),
+                         v, v)
+    sigma = (kinetic - dU) / volume(box, dim)
+    return jnp.stack([sigma[0, 1], sigma[0, 2], sigma[1, 2]])
+
+
+def diffusion(dim: int = 3, method: str = "green_kubo") -> Callable:
+    """The segment functional of the self-diffusion coefficient (nm^2/ps):
+    ``fn(series, dt) -> D``.
+
+    Args:
+      dim: the number of dimensions.
+      method: ``'green_kubo'`` (the integral of the velocity
+        autocorrelation, :func:`chemtrain.quantity.green_kubo_diffusion`)
+        or ``'einstein'`` (the slope of the mean squared displacement over
+        the segment's second half, :func:`chemtrain.quantity.einstein_diffusion`).
+    """
+    if method == "green_kubo":
+        return lambda series, dt: dq.green_kubo_diffusion(series["vacf"], dt, dim)
+    if method == "einstein":
+        return lambda series, dt: dq.einstein_diffusion(series["msd"], dt, dim=dim)
+    raise ValueError(f"method must be 'green_kubo' or 'einstein', got {method!r}.")
+
+
+def shear_viscosity(box, kT: float) -> Callable:
+    """The segment functional of the Green-Kubo shear viscosity
+    ``eta = V / kT integral <P_ab(0) P_ab(t)> dt`` over the off-diagonal
+    components, in kJ/mol/nm^3 ps (x
+    :data:`chemtrain.quantity.KJ_PER_MOL_NM3_PS_TO_MPA_S` for mPa s): ``fn(series, dt)``.
+    It needs a segment made with ``stress_box``; a single start gives a noisy
+    estimate, so average over many.
+
+    Args:
+      box: the periodic box (nm), as given to the segment.
+      kT: the state point's thermal energy (kJ/mol).
+    """
+    def fn(series, dt):
+        p = series["stress"]
+        return dq.green_kubo_viscosity(jnp.mean(p[:1] * p, axis=-1), dt, volume(box, p.shape[-1]),
+                                       kT)
+    return fn
 
 
 def start_states(chains):

@@ -20,6 +20,8 @@ import jax.numpy as jnp
 
 #: 1 nm^2/ps in m^2/s (multiply)
 NM2_PER_PS_TO_M2_PER_S = 1e-6
+#: 1 kJ/mol/nm^3 ps in mPa s (multiply): 1 kJ/mol/nm^3 is 1.66054e6 Pa
+KJ_PER_MOL_NM3_PS_TO_MPA_S = 1.66053906660e-3
 
 
 def velocity_autocorrelation(v0, v, mask=None):
@@ -86,6 +88,23 @@ def green_kubo_diffusion(vacf, dt, dim: int = 3):
       D in nm^2/ps (x :data:`NM2_PER_PS_TO_M2_PER_S` for m^2/s).
     """
     return integrate(vacf, dt) / dim
+
+
+def green_kubo_viscosity(sacf, dt, volume, kT):
+    """Green-Kubo shear viscosity ``eta = V / kT integral <P_ab(0) P_ab(t)>
+    dt``.
+
+    Args:
+      sacf: the autocorrelation of the stress tensor's off-diagonal
+        components (kJ/mol/nm^3)^2, sampled every ``dt`` from t = 0.
+      dt: the spacing of the samples (ps).
+      volume: the box volume (nm^3).
+      kT: the thermal energy (kJ/mol).
+
+    Returns:
+      eta in kJ/mol/nm^3 ps (x :data:`KJ_PER_MOL_NM3_PS_TO_MPA_S` for mPa s).
+    """
+    return volume / kT * integrate(sacf, dt)
 
 
 def einstein_diffusion(msd, dt, fit_from: float = 0.5, dim: int = 3):

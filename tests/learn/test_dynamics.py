@@ -50,6 +50,12 @@ def test_green_kubo_and_einstein_estimators():
     msd = 6 * 2.4e-3 * t + 0.01 * (1 - np.exp(-t / 0.05))   # diffusive after a short start
     assert float(dq.einstein_diffusion(msd, dt)) == pytest.approx(2.4e-3, rel=1e-6)
     assert dq.NM2_PER_PS_TO_M2_PER_S * 2.36e-3 == pytest.approx(2.36e-9)
+    sacf = 4.0 * np.exp(-t / tau)           # (kJ/mol/nm^3)^2
+    assert float(dq.green_kubo_viscosity(sacf, dt, 27.0, 2.5)) == pytest.approx(
+        27.0 / 2.5 * np.trapezoid(sacf, t), rel=1e-12)
+    # 1 kJ/mol/nm^3 = 1e3 J / N_A / 1e-27 m^3, times 1 ps, in mPa s
+    assert dq.KJ_PER_MOL_NM3_PS_TO_MPA_S == pytest.approx(1e3 / 6.02214076e23 / 1e-27 * 1e-12
+                                                          * 1e3, rel=1e-9)
 
 
 def _lj_liquid():
@@ -102,6 +108,45 @@ def test_diffusion_loss_gradient_equals_central_differences():
         per = np.asarray(aux["per_start"]["D"])
         w = np.asarray(aux["weights"])
         assert float(aux["predictions"]["D"]) == pytest.approx(float(w @ per), rel=1e-12)
+
+        def loss_at(p):
+            return float(value_and_grad(p, chains, U_ref, target, kw)[0][0])
+        for name in params:
+            h = 1e-5 * float(params[name])
+            up, down = dict(params), dict(params)
+            up[name], down[name] = params[name] + h, params[name] - h
+            fd = (loss_at(up) - loss_at(down)) / (2 * h)
+            assert abs(float(grad[name]) - fd) <= 0.05 * abs(fd), (name, float(grad[name]), fd)
+
+
+def test_stress_series_and_viscosity_gradient_on_the_liquid():
+    """The segment's stress at its start equals jax-md's own stress of that
+    state (kinetic plus virial); the gradient of a Green-Kubo viscosity loss
+    (a derivative through the strain derivative of the forces) equals
+    central differences, and Einstein's D of the same segments is finite
+    and positive."""
+    from jax_md import quantity
+    with jax.enable_x64(True):
+        template, shift, chains, U_ref = _lj_liquid()
+        box, kw = 1.05, {"kT": jnp.asarray(1.0), "mass": jnp.asarray(40.0)}
+        segment = dyn.make_segment(template, shift, 0.005, 40, stress_box=box)
+        snapshots, nbrs = chains[0]
+        R, P = snapshots.position[0], snapshots.momentum[0]
+        series, _ = jax.jit(segment)({"sigma": jnp.asarray(0.3), "epsilon": jnp.asarray(1.0)},
+                                     R, P, 40.0, nbrs.update(R), {})
+        full = quantity.stress(template({"sigma": 0.3, "epsilon": 1.0}), R, box, mass=40.0,
+                               velocity=P / 40.0, neighbor=nbrs.update(R))
+        np.testing.assert_allclose(series["stress"][0], [full[0, 1], full[0, 2], full[1, 2]],
+                                   rtol=1e-9, atol=1e-9)
+        assert series["stress"].shape == (41, 3)
+        value_and_grad = jax.jit(dyn.make_value_and_grad(
+            template, segment, {"eta": dyn.shear_viscosity(box, 1.0),
+                                "D": dyn.diffusion(method="einstein")},
+            dyn.squared_error({"D": 0.0})))
+        params = {"sigma": jnp.asarray(0.31), "epsilon": jnp.asarray(0.95)}
+        target = {"eta": jnp.asarray(0.0), "D": jnp.asarray(0.0)}
+        (_, aux), grad = value_and_grad(params, chains, U_ref, target, kw)
+        assert float(aux["predictions"]["D"]) > 0.0
 
         def loss_at(p):
             return float(value_and_grad(p, chains, U_ref, target, kw)[0][0])
