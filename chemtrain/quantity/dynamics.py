@@ -3,16 +3,18 @@ the transport coefficients they integrate to.
 
 A segment (:func:`chemtrain.learn.dynamics.make_segment`) records, at each
 of its steps, the velocity autocorrelation of its particles with their
-start velocities and their mean squared displacement since the start; the
-functions here turn such series into self-diffusion coefficients, by
-Green-Kubo (the integral of the velocity autocorrelation) and by Einstein
-(the slope of the mean squared displacement). They are plain JAX functions
+start velocities, their mean squared displacement since the start and,
+where asked, the stress tensor's off-diagonal components; the functions
+here turn such series into self-diffusion coefficients, by Green-Kubo (the
+integral of the velocity autocorrelation) and by Einstein (the slope of
+the mean squared displacement), and into the Green-Kubo shear viscosity. They are plain JAX functions
 of arrays, differentiable and usable inside ``jit``.
 
 Units are chemtrain's: nm, ps, amu, kJ/mol. Velocities are in nm/ps, the
 velocity autocorrelation in nm^2/ps^2, diffusion coefficients in nm^2/ps
 (multiply by :data:`NM2_PER_PS_TO_M2_PER_S` for m^2/s: 2.36e-9 m^2/s is
-2.36e-3 nm^2/ps).
+2.36e-3 nm^2/ps), viscosities in kJ/mol/nm^3 ps (multiply by
+:data:`KJ_PER_MOL_NM3_PS_TO_MPA_S` for mPa s).
 """
 from __future__ import annotations
 
