@@ -40,6 +40,7 @@ from ..checkpoint import CheckpointError, why_not_writable
 from ..parallel import on_root
 from .report import Reporter, check_epochs
 from .checkpoints import CheckpointStore, read_meta
+from .protocol import Trainer, missing_members
 from .services import collective
 from .state import check_like
 
@@ -75,11 +76,11 @@ class InterleaveTrainers:
         Its parameters must have the structure, shapes and dtypes of the
         first trainer's (they are replaced by the shared ones at its first
         turn)."""
-        for attr in ("params", "train", "save_checkpoint", "restore", "history", "strategy"):
-            if not hasattr(trainer, attr):
-                raise TypeError(f"add_trainer needs a chemtrain trainer (ForceMatching, "
-                                f"Difftre, DifftreParallel, RelativeEntropy); "
-                                f"{type(trainer).__name__} has no {attr!r}.")
+        if not isinstance(trainer, Trainer):
+            raise TypeError(f"add_trainer needs a chemtrain trainer (ForceMatching, "
+                            f"Difftre, DifftreParallel, RelativeEntropy: the "
+                            f"chemtrain.trainers.protocol.Trainer protocol); "
+                            f"{type(trainer).__name__} has no {missing_members(trainer)[0]!r}.")
         if isinstance(num_updates, bool) or not isinstance(num_updates, (int, np.integer)) \
                 or num_updates < 1:
             raise ValueError(f"num_updates must be a positive whole number (the trainer's epochs "
@@ -194,9 +195,7 @@ class InterleaveTrainers:
                                       f"a folder. Pass another path.")
             self.store.check_not_foreign(marker)
             for name, trainer, _ in self.parts:
-                store = getattr(trainer, "store", None)
-                if store is not None:
-                    store.check_not_foreign(os.path.join(path, f"{name}.npz"))
+                trainer.store.check_not_foreign(os.path.join(path, f"{name}.npz"))
             os.makedirs(path, exist_ok=True)
             if os.path.exists(marker):
                 os.remove(marker)
@@ -206,8 +205,7 @@ class InterleaveTrainers:
         self.store.save(marker, {}, self._meta())
 
     def _meta(self) -> dict:
-        parts = {n: {"run_id": getattr(getattr(t, "store", None), "run_id", None),
-                     "epoch": int(t.epoch)} for n, t, _ in self.parts}
+        parts = {n: {"run_id": t.store.run_id, "epoch": int(t.epoch)} for n, t, _ in self.parts}
         return {"epoch": self.epoch, "trainers": [[n, k] for n, _, k in self.parts],
                 "parts": parts, "history": self.history}
 
@@ -271,9 +269,8 @@ def _turn_note(epoch: int, name: str, handed_by: str | None) -> str:
 def _snapshot(trainer) -> tuple:
     """What a trainer's ``restore`` may change: its attributes, its
     checkpoint store's (the adopted run id) and its trajectory states."""
-    store = getattr(trainer, "store", None)
-    trajs = getattr(trainer, "trajstates", None)
-    return (dict(vars(trainer)), None if store is None else dict(vars(store)),
+    trajs = getattr(trainer, "trajstates", None)   # reweighting trainers only
+    return (dict(vars(trainer)), dict(vars(trainer.store)),
             dict(trajs) if isinstance(trajs, dict) else None)
 
 
@@ -281,9 +278,8 @@ def _roll_back(trainer, snapshot) -> None:
     attrs, store_attrs, trajs = snapshot
     vars(trainer).clear()
     vars(trainer).update(attrs)
-    if store_attrs is not None:
-        vars(trainer.store).clear()
-        vars(trainer.store).update(store_attrs)
+    vars(trainer.store).clear()
+    vars(trainer.store).update(store_attrs)
     if trajs is not None:
         trainer.trajstates.clear()
         trainer.trajstates.update(trajs)

@@ -51,6 +51,25 @@ def test_train_before_add_trainer_is_a_clear_error(tmp_path):
         empty.strategy   # noqa: B018
 
 
+def test_add_trainer_takes_only_trainers(tmp_path):
+    """The Trainer protocol: an object without a trainer's members is refused
+    by name (ForceMatching and RelativeEntropy pass it in every fused run:
+    tests/_support/fused_systems.py)."""
+    from chemtrain.trainers.protocol import MEMBERS, missing_members
+
+    class Half:
+        params, history, epoch = {}, [], 0
+
+        def train(self, max_epochs, checkpoint_freq=None):
+            pass
+    fused = InterleaveTrainers(str(tmp_path / "f"), progress=False)
+    with pytest.raises(TypeError, match=r"Trainer protocol\); Half has no 'save_checkpoint'"):
+        fused.add_trainer(Half())
+    assert missing_members(Half()) == ["save_checkpoint", "restore", "strategy", "store"]
+    assert set(MEMBERS) == {"params", "train", "save_checkpoint", "restore", "history", "epoch",
+                            "strategy", "store"}
+
+
 def test_training_on_from_an_earlier_epoch_refuses_to_write_over_later_ones(run, tmp_path):
     folder = str(tmp_path / "fused")
     shutil.copytree(run, folder)   # fused(tmp_path) checkpoints into tmp_path/fused
