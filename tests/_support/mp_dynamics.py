@@ -21,10 +21,16 @@ sys.path.insert(0, HERE)
 L, MASS, DT, K_TRUE = 3.0, 10.0, 0.005, 400.0
 
 
-def wells_trainer(folder, kTs=(2.5,), lr=None, sim_batch_size=1, seed=0):
+def wells_trainer(folder, kTs=(2.5,), lr=None, sim_batch_size=1, seed=0, prior_k=None,
+                  static=False):
     """A Reweighting loop with the dynamics objective on 27 particles in
     harmonic wells (k = 100 scaled_k, from scaled_k = 3), 1 ps segments
-    from 16 snapshots per trajectory, one state point per kT."""
+    from 16 snapshots per trajectory, one state point per kT. ``prior_k``:
+    the wells are a fixed prior of that stiffness plus the trained ones
+    (``sum_templates``; parameters ``{'wells': ..., 'prior': {}}``), so the
+    curve's k = 400 is reached at scaled_k = (400 - prior_k) / 100.
+    ``static``: also a static target, the mean squared distance of a
+    particle from its site, 3 kT / k (DiffTRe's part of the loss)."""
     import chemtrain  # noqa: F401  (before jax_md)
     import jax
     import jax.numpy as jnp
@@ -45,9 +51,20 @@ def wells_trainer(folder, kTs=(2.5,), lr=None, sim_batch_size=1, seed=0):
             d = jax.vmap(disp)(R, jnp.asarray(sites, R.dtype))
             return 0.5 * 100.0 * p["scaled_k"] * jnp.sum(d ** 2)
         return energy
+    params = {"scaled_k": jnp.asarray(3.0)}
+    if prior_k is not None:
+        from chemtrain.models.prior import sum_templates
+
+        def prior(p):
+            def energy(R, neighbor=None, **kw):
+                d = jax.vmap(disp)(R, jnp.asarray(sites, R.dtype))
+                return 0.5 * prior_k * jnp.sum(d ** 2)
+            return energy
+        template = sum_templates({"wells": template, "prior": prior})
+        params = {"wells": params, "prior": {}}
     t = DT * np.arange(201)
     target = np.cos(np.sqrt(K_TRUE / MASS) * t)
-    tr = Reweighting(dynamics_objective(), seed, {"scaled_k": jnp.asarray(3.0)},
+    tr = Reweighting(dynamics_objective(), seed, params,
                      optax.adam(lr or optax.cosine_decay_schedule(0.08, 40)),
                      reuse=ReuseRule(pool=1), progress=False, checkpoint_path=folder,
                      sim_batch_size=sim_batch_size)
@@ -58,10 +75,19 @@ def wells_trainer(folder, kTs=(2.5,), lr=None, sim_batch_size=1, seed=0):
     spec = {"segment": make_segment(template, shift, DT, 200),
             "functionals": {"vacf": lambda series, dt: series["vacf"] / series["vacf"][0]},
             "targets": {"vacf": {"gamma": 10.0}}}
+    values = {"vacf": target}
+    if static:
+        def r2(state, neighbor=None, energy_fn=None, **kw):
+            return jnp.mean(jnp.sum(jax.vmap(disp)(state.position, jnp.asarray(
+                sites, state.position.dtype)) ** 2, -1))
+        spec["quantities"] = {"r2": r2}
+        spec["targets"] = dict(spec["targets"], r2={"gamma": 1e5})
     first = None
     for kT in kTs:
+        if static:
+            values = dict(values, r2=3 * float(kT) / K_TRUE)
         sp = tr.add(fns, {"kT": float(kT), "mass": MASS}, sites, targets=spec["targets"],
-                    target_values={"vacf": target}, n_snapshots=16, spec=spec, like=first)
+                    target_values=values, n_snapshots=16, spec=spec, like=first)
         first = first or sp
     return tr
 

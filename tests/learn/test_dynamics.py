@@ -179,6 +179,26 @@ def test_reweighting_loop_learns_a_spring_constant_from_a_velocity_autocorrelati
     assert len(rec["predictions"]["vacf"]) == 201 and rec["parts"]["vacf"] >= 0.0
 
 
+def test_static_and_dynamic_targets_in_one_loss_with_a_prior(tmp_path):
+    """The same wells as a fixed prior of k = 150 plus trained wells, with a
+    static target beside the curve: the mean squared distance from the
+    site, 3 kT / k (DiffTRe's reweighted average). Both are met at k = 400,
+    so the trained part ends near scaled_k = 2.5; the records hold both
+    targets' parts and predictions."""
+    with jax.enable_x64(True):
+        tr = wells_trainer(str(tmp_path), prior_k=150.0, static=True)
+        tr.initialize_trajstates()
+        ks = []
+        tr.on_update = lambda rec: ks.append(
+            150.0 + 100 * float(rec["params_after"]["wells"]["scaled_k"]))
+        tr.train(40)
+    rec = tr.history[-1]["statepoints"][0]
+    assert set(rec["parts"]) == {"vacf", "r2"} and set(rec["predictions"]) == {"vacf", "r2"}
+    assert abs(rec["predictions"]["r2"] / (3 * 2.5 / K_TRUE) - 1) < 0.1, rec["predictions"]["r2"]
+    assert abs(np.mean(ks[-5:]) - K_TRUE) < 0.04 * K_TRUE, ks[-10:]
+    assert ks[0] < 460.0 and abs(ks[-1] - K_TRUE) < abs(ks[0] - K_TRUE) / 3
+
+
 def test_dynamics_run_resumes_bitwise_and_two_ranks_equal_one_process(tmp_path):
     """The dynamics objective on the loop's checkpoints and MPI: a run
     stopped after 2 epochs and restored continues to the parameters of one
