@@ -104,7 +104,7 @@ def main():
     rank = MPI.COMM_WORLD.rank
     tr = wells_trainer(os.path.join(args.out, "run"), kTs=(2.5, 3.5), sim_batch_size=-1)
     tr.initialize_trajstates()
-    tr.train(4)
+    tr.train(3)
     with open(os.path.join(args.out, f"result_{rank}.json"), "w") as f:
         json.dump({"k": float(tr.params["scaled_k"]), "losses": tr.update_losses}, f)
 

@@ -62,8 +62,8 @@ def test_state_is_a_frozen_pytree_of_its_arrays():
     with pytest.raises(TypeError, match="history must be plain data"):
         s.replace(history=[object()]).split()
     assert DifftreState.plain_fields() == ("epoch", "update_count", "init_runs", "reuses",
-                                           "objective_state", "history", "epoch_losses",
-                                           "update_losses")
+                                           "objective_state", "stopped", "history",
+                                           "epoch_losses", "update_losses")
     # a relative-entropy state of the last release kept s_rel in a field of its own
     old = DifftreState.join({"params": {}, "opt_state": {}},
                             {"epoch": 2, "update_count": 4, "init_runs": 1, "s_rel": [-0.5, 0.25],
