@@ -37,7 +37,6 @@ import os
 import time
 
 import chemtrain  # noqa: F401  (before jax_md)
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -47,7 +46,7 @@ from chemtrain.learn import ReuseRule, dynamics_objective, make_segment, simulat
 from chemtrain.learn import dynamics
 from chemtrain.learn.dynamics import check_steps
 from chemtrain.models.pair import lennard_jones_template
-from chemtrain.simulate import process_printouts
+from chemtrain.simulate import process_printouts, sample_langevin
 from chemtrain.trainers import Reweighting
 from chemtrain.units import kT as kT_of
 
@@ -66,24 +65,13 @@ def lattice():
 
 def melt(template, shift, nbr_fn, params, dt, seed):
     """The lattice melted: 10 ps of Langevin dynamics at 3 x 94.4 K, then 5 ps
-    at 94.4 K."""
+    at 94.4 K (chemtrain.simulate.sample_langevin, which re-allocates an
+    overflowing neighbor list)."""
     R = jnp.asarray(lattice())
-    nbrs = nbr_fn.allocate(R)
     for kT, ps in ((3 * kT_of(TEMPERATURE), 10.0), (kT_of(TEMPERATURE), 5.0)):
-        init, apply = simulate.nvt_langevin(template(params), shift, dt, kT, gamma=1.0)
-        state = init(jax.random.PRNGKey(seed), R, mass=MASS, neighbor=nbrs)
-
-        @jax.jit
-        def run(state, nbrs):
-            def body(c, _):
-                s, nb = c
-                s = apply(s, neighbor=nb)
-                return (s, nb.update(s.position)), None
-            return jax.lax.scan(body, (state, nbrs), None, length=round(ps / dt))[0]
-        state, nbrs = run(state, nbrs)
-        if nbrs.did_buffer_overflow:
-            nbrs = nbr_fn.allocate(state.position)
-        R = state.position
+        R = jnp.asarray(sample_langevin(template(params), nbr_fn, shift, R, kT=kT, dt=dt,
+                                        n_frames=1, steps_per_frame=round(ps / dt), mass=MASS,
+                                        seed=seed)[0])
     return np.asarray(R)
 
 

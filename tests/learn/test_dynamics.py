@@ -91,6 +91,17 @@ def _lj_liquid():
     return template, shift, [(snapshots, nbrs)], U_ref
 
 
+def _check_central_differences(loss_at, params, grad, rel=1e-5, tol=0.05):
+    """Each parameter's gradient within ``tol`` of the central difference of
+    ``loss_at`` with a step of ``rel`` of its value."""
+    for name in params:
+        h = rel * float(params[name])
+        up, down = dict(params), dict(params)
+        up[name], down[name] = params[name] + h, params[name] - h
+        fd = (loss_at(up) - loss_at(down)) / (2 * h)
+        assert abs(float(grad[name]) - fd) <= tol * abs(fd), (name, float(grad[name]), fd)
+
+
 def test_diffusion_loss_gradient_equals_central_differences():
     """Both parts of the gradient (the start states' weights and the
     segments) against central differences of the same estimator on the same
@@ -108,15 +119,8 @@ def test_diffusion_loss_gradient_equals_central_differences():
         per = np.asarray(aux["per_start"]["D"])
         w = np.asarray(aux["weights"])
         assert float(aux["predictions"]["D"]) == pytest.approx(float(w @ per), rel=1e-12)
-
-        def loss_at(p):
-            return float(value_and_grad(p, chains, U_ref, target, kw)[0][0])
-        for name in params:
-            h = 1e-5 * float(params[name])
-            up, down = dict(params), dict(params)
-            up[name], down[name] = params[name] + h, params[name] - h
-            fd = (loss_at(up) - loss_at(down)) / (2 * h)
-            assert abs(float(grad[name]) - fd) <= 0.05 * abs(fd), (name, float(grad[name]), fd)
+        _check_central_differences(
+            lambda p: float(value_and_grad(p, chains, U_ref, target, kw)[0][0]), params, grad)
 
 
 def test_stress_series_and_viscosity_gradient_on_the_liquid():
@@ -147,15 +151,8 @@ def test_stress_series_and_viscosity_gradient_on_the_liquid():
         target = {"eta": jnp.asarray(0.0), "D": jnp.asarray(0.0)}
         (_, aux), grad = value_and_grad(params, chains, U_ref, target, kw)
         assert float(aux["predictions"]["D"]) > 0.0
-
-        def loss_at(p):
-            return float(value_and_grad(p, chains, U_ref, target, kw)[0][0])
-        for name in params:
-            h = 1e-5 * float(params[name])
-            up, down = dict(params), dict(params)
-            up[name], down[name] = params[name] + h, params[name] - h
-            fd = (loss_at(up) - loss_at(down)) / (2 * h)
-            assert abs(float(grad[name]) - fd) <= 0.05 * abs(fd), (name, float(grad[name]), fd)
+        _check_central_differences(
+            lambda p: float(value_and_grad(p, chains, U_ref, target, kw)[0][0]), params, grad)
 
 
 def test_reweighting_loop_learns_a_spring_constant_from_a_velocity_autocorrelation(tmp_path):
