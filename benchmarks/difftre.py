@@ -104,6 +104,7 @@ def update_times(system, timings, updates):
     from chemtrain import quantity
     from chemtrain.learn import ReuseRule
     from chemtrain.trainers.difftre import DifftreParallel
+    from chemtrain.trainers import RunOptions
     rdf = quantity.rdf_discretization(0.85, 130, 0.2)
     dtype = system["R0"].dtype
     out = {}
@@ -119,7 +120,7 @@ def update_times(system, timings, updates):
             # reweight-only means no recompute at all: the reuse bounds of
             # issue 31 (max_reuse_se, max_reuses) would recompute here too
             reuse=ReuseRule(pool=1, max_reuse_se=None, max_reuses=None),
-            progress=False, checkpoint_path="/tmp/difftre_benchmark")
+            checkpoint_path="/tmp/difftre_benchmark", options=RunOptions(progress=False))
         trainer.initialize_trajstates()
         trainer.train(1)  # compile
         trainer.train(updates)

@@ -39,6 +39,7 @@ def worker(args):
     from chemtrain import quantity
     from chemtrain.simulate import process_printouts
     from chemtrain.trainers.difftre import DifftreParallel
+    from chemtrain.trainers import RunOptions
     from chemtrain.units import kT
     logging.basicConfig(level=logging.WARNING)
     system = build(args.particles, jnp.float32)
@@ -54,7 +55,7 @@ def worker(args):
         {"rdf": {"target": np.ones((4, 130)), "gamma": 1.0}},
         reference_states=np.broadcast_to(np.asarray(system["R0"]), (4, *system["R0"].shape)),
         sim_batch_size=-1, reweight_ratio=args.reweight_ratio, parallelism="auto",
-        progress=False, checkpoint_path=os.path.join(args.out, "ckpt"))
+        checkpoint_path=os.path.join(args.out, "ckpt"), options=RunOptions(progress=False))
     trainer.initialize_trajstates()
     trainer.train(1 + args.epochs)
     epochs = trainer.history[1:]

@@ -59,7 +59,7 @@ def ours(seed: int, rule: str, updates: int) -> dict:
     from chemtrain import quantity
     from chemtrain.learn import ReuseRule
     from chemtrain.simulate import process_printouts
-    from chemtrain.trainers import Difftre
+    from chemtrain.trainers import Difftre, RunOptions
 
     displacement, shift = space.periodic_general(1.0)
 
@@ -74,10 +74,10 @@ def ours(seed: int, rule: str, updates: int) -> dict:
     options = {} if rule == "default" else {
         "reuse": ReuseRule(pool=1, max_reuse_se=None, max_reuses=None)}
     trainer = Difftre({"r_0": jnp.asarray(0.3), "scaled_b": jnp.asarray(1.5)}, optimizer,
-                      reweight_ratio=0.99, progress=False, key=jax.random.PRNGKey(seed),
+                      reweight_ratio=0.99, key=jax.random.PRNGKey(seed),
                       checkpoint_path=tempfile.mkdtemp(prefix="difftre-upstream-test-"),
-                      on_update=lambda rec: r0s.append(float(rec["params_after"]["r_0"])),
-                      **options)
+                      **options, options=RunOptions(progress=False, on_update=lambda rec: r0s.append(
+                          float(rec["params_after"]["r_0"]))))
     start = np.array([[0.0, 0.0, 0.0], [0.11, 0.09, 0.12]])
     trainer.add_statepoint(
         template, functools.partial(simulate.nvt_langevin, shift_fn=shift, dt=0.01, kT=2.56,

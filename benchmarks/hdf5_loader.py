@@ -23,7 +23,7 @@ from jax_md import partition, space
 from chemtrain.data import HDF5ParallelDataLoader
 from chemtrain.models import init_pair_mlp, pair_mlp_template
 from chemtrain.simulate import lj_fluid_dataset
-from chemtrain.trainers import ForceMatching
+from chemtrain.trainers import ForceMatching, RunOptions
 
 
 def main():
@@ -46,8 +46,9 @@ def main():
 
     def make():
         return ForceMatching(params, optax.adam(1e-3), pair_mlp_template(disp, 0.9, r_min=0.25),
-                             nbrs, batch=args.batch, parallelism="single", progress=False,
-                             gammas={"U": 1e-2, "F": 1.0}, checkpoint_path=tempfile.mkdtemp())
+                             nbrs, batch=args.batch, parallelism="single", gammas={"U": 1e-2,
+                                                                                   "F": 1.0},
+                             checkpoint_path=tempfile.mkdtemp(), options=RunOptions(progress=False))
     mem, h5 = make(), make()
     mem.set_dataset(data, "training")
     h5.set_loader(HDF5ParallelDataLoader(path), "training")

@@ -22,7 +22,7 @@ from jax_md import partition, space
 
 from chemtrain.models import init_pair_mlp, pair_mlp_template
 from chemtrain.simulate import lj_fluid_dataset
-from chemtrain.trainers import ForceMatching
+from chemtrain.trainers import ForceMatching, RunOptions
 
 
 def hand_written(params, template, nbrs_init, data, batch, epochs, gammas):
@@ -62,8 +62,8 @@ def hand_written(params, template, nbrs_init, data, batch, epochs, gammas):
 
 def chemtrain_steps(params, template, nbrs_init, data, batch, epochs, gammas):
     tr = ForceMatching(params, optax.adam(1e-3), template, nbrs_init, batch=batch,
-                       parallelism="single", gammas=gammas, progress=False,
-                       checkpoint_path="/tmp/chemtrain-bench")
+                       parallelism="single", gammas=gammas, checkpoint_path="/tmp/chemtrain-bench",
+                       options=RunOptions(progress=False))
     tr.set_dataset(data, "training")
     tr.train(1)  # warm-up and compile
     times = []

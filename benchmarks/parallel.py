@@ -41,7 +41,7 @@ def worker(args):
     from jax_md import partition, space
 
     from chemtrain.models import init_pair_mlp, pair_mlp_template
-    from chemtrain.trainers import ForceMatching
+    from chemtrain.trainers import ForceMatching, RunOptions
     logging.getLogger("chemtrain").setLevel(logging.WARNING)
     with np.load(args.data) as z:
         box = float(z["box"])
@@ -52,8 +52,8 @@ def worker(args):
                                    ).allocate(data["R"][0], extra_capacity=16)
     params = init_pair_mlp(jax.random.PRNGKey(0), hidden=(args.hidden, args.hidden), n_basis=16)
     tr = ForceMatching(params, optax.adam(1e-3), pair_mlp_template(disp, 0.9, r_min=0.25), nbrs,
-                       batch=args.batch, parallelism=args.mode, progress=False,
-                       gammas={"U": 1e-2, "F": 1.0}, checkpoint_path=tempfile.mkdtemp())
+                       batch=args.batch, parallelism=args.mode, gammas={"U": 1e-2, "F": 1.0},
+                       checkpoint_path=tempfile.mkdtemp(), options=RunOptions(progress=False))
     tr.set_dataset(data, "training")
     tr.train(1)  # compile
     tr.train(args.epochs)

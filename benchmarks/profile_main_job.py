@@ -152,9 +152,10 @@ def main(argv=None):
         times[name] = median_time(fn, a.steps)
         print(f"{name:36s} {1e3 * times[name]:8.1f} ms per step of {b}")
     # the trainer's own epoch: steps and host work included
-    from chemtrain.trainers import ForceMatching
+    from chemtrain.trainers import ForceMatching, RunOptions
     tr = ForceMatching(params, opt, template, None, batch=b, parallelism="single", gammas=gammas,
-                       weights_keys={"U": "U_weight"}, progress=False, checkpoint_path="/tmp/pmj")
+                       weights_keys={"U": "U_weight"}, checkpoint_path="/tmp/pmj",
+                       options=RunOptions(progress=False))
     tr.set_dataset(ready, "training")
     tr.train(1)
     t = time.perf_counter()

@@ -121,9 +121,10 @@ def relative_entropy_bond(seed: int = 0, **options):
     ``options`` go to the trainer (e.g. ``reweight_ratio``, ``max_reuse_se``,
     ``checkpoint_path``, ``on_update``)."""
     from chemtrain.trainers import RelativeEntropy
+    from chemtrain.trainers.options import split_options
     _, template, neighbor_fn, simulator, timings, params = _bond_system()
     R, lengths = exact_bond_frames(BOND["frames"], seed)
-    trainer = RelativeEntropy(params, bond_optimizer(), key=seed, **options)
+    trainer = RelativeEntropy(params, bond_optimizer(), key=seed, **split_options(options))
     trainer.add_statepoint(R, template, simulator, neighbor_fn, timings,
                            {"kT": BOND["kT"], "mass": BOND["mass"]}, R[0],
                            reference_batch_size=BOND["reference_batch"], vmap_batch=100)
@@ -137,6 +138,7 @@ def difftre_bond(seed: int = 0, **options):
     import jax.numpy as jnp
 
     from chemtrain.trainers import Difftre
+    from chemtrain.trainers.options import split_options
     displacement, template, neighbor_fn, simulator, timings, params = _bond_system()
     c, s = BOND["x_centre"], BOND["x_scale"]
 
@@ -146,7 +148,8 @@ def difftre_bond(seed: int = 0, **options):
     quantities = {"x": x_of, "x2": lambda state, **kw: x_of(state) ** 2}
     m1, m2 = exact_bond_moments()
     R0 = exact_bond_frames(1, seed)[0][0]
-    trainer = Difftre(params, bond_optimizer(), key=jax.random.PRNGKey(seed), **options)
+    trainer = Difftre(params, bond_optimizer(), key=jax.random.PRNGKey(seed),
+                      **split_options(options))
     trainer.add_statepoint(template, simulator, neighbor_fn, timings,
                            {"kT": BOND["kT"], "mass": BOND["mass"]}, quantities, R0,
                            targets={"x": {"target": m1, "gamma": 1.0},

@@ -54,12 +54,13 @@ def pytest_runtest_protocol(item, nextitem):
 def reference(tmp_path_factory):
     """The fixed problem trained in this process on one device."""
     import optax
-    from chemtrain.trainers import ForceMatching
+    from chemtrain.trainers import ForceMatching, RunOptions
     from problems import FIXED, mlp_problem
     data, params, template, nbrs = mlp_problem()
     tr = ForceMatching(params, optax.chain(optax.adam(1e-3)), template, nbrs,
                        batch=FIXED["batch"], parallelism="single", gammas=FIXED["gammas"],
-                       progress=False, checkpoint_path=str(tmp_path_factory.mktemp("ref")))
+                       checkpoint_path=str(tmp_path_factory.mktemp("ref")),
+                       options=RunOptions(progress=False))
     tr.set_datasets(data, train_ratio=FIXED["train_ratio"], val_ratio=FIXED["val_ratio"])
     tr.train(FIXED["epochs"])
     flat = jax.tree_util.tree_flatten_with_path(jax.tree.map(np.asarray, tr.params))[0]

@@ -96,11 +96,11 @@ def test_a_trainer_turns_the_cache_on(tmp_path):
     r = run_py("""
         import jax, optax
         from problems import mlp_problem
-        from chemtrain.trainers import ForceMatching
+        from chemtrain.trainers import ForceMatching, RunOptions
         data, params, template, nbrs = mlp_problem()
         assert jax.config.jax_compilation_cache_dir is None
         ForceMatching(params, optax.adam(1e-3), template, nbrs, batch=2, parallelism="single",
-                      progress=False, checkpoint_path="{ck}")
+                      checkpoint_path="{ck}", options=RunOptions(progress=False))
         print("DIR", jax.config.jax_compilation_cache_dir)
     """.replace("{ck}", str(tmp_path / "ck")), CHEMTRAIN_JAX_CACHE=str(tmp_path / "cache"))
     assert r.returncode == 0, r.stderr[-3000:]

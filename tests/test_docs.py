@@ -92,13 +92,10 @@ def test_reweighting_trainers_show_every_keyword():
             continue
         assert "sim_batch_size" in params
         for name, p in core.items():
-            if name in ("self", "objective", "key", "init_params", "optimizer",
-                        "trainer_name"):   # what the public constructors choose themselves
-                continue
+            if name in ("self", "objective", "key", "init_params", "optimizer"):
+                continue   # what the public constructors choose themselves
             assert name in params, (cls.__name__, name)
-            own_name = "relentropy" if cls is RelativeEntropy else "difftre"
-            expected = own_name if name == "name" else p.default
-            assert params[name].default == expected, (cls.__name__, name)
+            assert params[name].default == p.default, (cls.__name__, name)
 
 
 PUBLIC = ["chemtrain.trainers", "chemtrain.learn", "chemtrain.models", "chemtrain.models.mace", "chemtrain.data",

@@ -93,7 +93,7 @@ def run(argv=None) -> dict:
     import jax.numpy as jnp
     from ..models import mace
     from ..learn import optimizers
-    from ..trainers import EnsembleOfModels, ForceMatching
+    from ..trainers import EnsembleOfModels, ForceMatching, RunOptions
     dtype = np.float64 if args.default_dtype == "float64" else np.float32
     out = args.results_dir
     earlier = check_folder(out, args.name, args.restart_latest)
@@ -206,7 +206,8 @@ def run(argv=None) -> dict:
         options = dict(batch=args.batch_size, parallelism=args.parallelism, gammas=gammas,
                        weights_keys=weights_keys, checkpoint_path=ckpt_dir,
                        log_file=os.path.join(out, "metrics.jsonl"), seed=args.seed,
-                       epoch_line=R.epoch_line(ready.get("validation")), losses=losses)
+                       losses=losses,
+                       options=RunOptions(epoch_line=R.epoch_line(ready.get("validation"))))
         if args.ensemble_size > 1:
             trainer = EnsembleOfModels(M.committee_params(cfg, params, args, dtype), optimizer,
                                        template, nbrs_init, bootstrap=args.ensemble_bootstrap,

@@ -192,6 +192,11 @@ def trainer_functions(n: int, bootstrap: bool = False) -> Callable:
         return {"train_loss": float(np.mean(losses)),
                 "train_parts": {t: float(np.mean(parts[t])) for t in gammas}, "members": members}
 
+    def val_record(val, gammas):   # the committee's, then each member's
+        return {"val": {t: val[t] for t in gammas},
+                "val_members": [{"loss": m["loss"], **{t: m[t] for t in gammas}}
+                                for m in val["members"]]}
+
     def finish(host, gammas):
         out = fm.finish_metrics(host["committee"], gammas)
         out["members"] = [fm.finish_metrics(jax.tree.map(lambda x: x[k], host["members"]),
@@ -230,5 +235,6 @@ def trainer_functions(n: int, bootstrap: bool = False) -> Callable:
         return fm.TrainerFunctions(
             update=make_update(loss, optimizer, strategy), sums=sums,
             predict=lambda p, b: read(model(p, b)),
-            finish=finish, train_record=record, training_loader=training_loader)
+            finish=finish, train_record=record, training_loader=training_loader,
+            val_record=val_record)
     return make

@@ -7,11 +7,9 @@ samples are False), and every other key is passed to the energy function as
 a keyword argument (``species``, ``box``, ``mask``, ...). With a per-atom
 ``mask``, padded atoms lose their edges and their force errors.
 
-Edges come from precomputed graphs when the batch holds the graph keys
-(``senders``, ``receivers``, ``shifts``; see :mod:`chemtrain.neighbors`):
-the energy function then gets a :class:`~chemtrain.neighbors.Graph` and no
-jax-md neighbor list is touched. Otherwise a jax-md list is updated for
-every structure.
+Edges come from precomputed graphs (:class:`~chemtrain.neighbors.Graph`)
+when the batch holds ``senders``, ``receivers`` and ``shifts``, else from a
+jax-md neighbor list updated for every structure.
 
 Stress (kJ/mol/nm^3, ASE's sign: ``(1/V) dE/d(strain)``) is the derivative
 of the energy with respect to jax-md's ``perturbation`` ``I + strain``
@@ -353,6 +351,8 @@ class TrainerFunctions:
         ``train_loss`` and ``train_parts`` (and whatever else the epoch
         record gets).
       training_loader: ``loader -> loader`` the training stage uses.
+      val_record: ``(validation metrics, gammas) -> dict``, what the epoch
+        record gets of them (one model's: ``val``, per target).
     """
 
     update: Callable
@@ -361,6 +361,7 @@ class TrainerFunctions:
     finish: Callable
     train_record: Callable
     training_loader: Callable = lambda loader: loader
+    val_record: Callable = lambda val, gammas: {"val": {t: val[t] for t in gammas}}
 
 
 def train_record(host: Mapping, n_steps: int, gammas) -> dict:

@@ -246,3 +246,16 @@ def observe(opt_state, value: float):
                              bad_epochs=bad.astype(a["bad_epochs"].dtype))
 
     return jax.tree.map(step, opt_state, is_leaf=_is_node)
+
+
+def after_epoch(opt_state, monitored: float, to_host=lambda x: x, to_device=lambda x: x):
+    """What the optimizer pieces take at the end of an epoch: every
+    :func:`reduce_on_plateau` inside is fed the epoch's ``monitored`` loss
+    (:func:`observe`, on the host copy ``to_host`` gives; ``to_device``
+    places the result back). Returns ``(opt_state, record)``: ``record``
+    holds the epoch's ``lr_scale`` when there is a plateau, else nothing
+    (and ``opt_state`` is returned as it is)."""
+    if not has_plateau(opt_state):
+        return opt_state, {}
+    host = observe(to_host(opt_state), monitored)
+    return to_device(host), {"lr_scale": update_scale(host)}

@@ -130,10 +130,14 @@ MIN_AUTO_POOL, MAX_AUTO_POOL = 4, 20
 @dataclasses.dataclass(frozen=True)
 class ReuseRule:
     """When the reweighting trainers reuse a state point's trajectories and
-    from how many they reweight (beside upstream chemtrain's
-    ``reweight_ratio``, which the trainers take as a keyword).
+    from how many they reweight.
 
     Attributes:
+      reweight_ratio: recompute when N_eff < ratio x N (with a pool, for
+        every trajectory of it). :class:`~chemtrain.trainers.Difftre`,
+        :class:`~chemtrain.trainers.DifftreParallel` and
+        :class:`~chemtrain.trainers.RelativeEntropy` also take it as
+        upstream chemtrain's keyword ``reweight_ratio``.
       pool: the number of recent trajectories per state point reweighted
         together (:mod:`chemtrain.learn.pool`); None chooses it from the
         state point's step counts (:meth:`pool_size`): as many as cost
@@ -155,9 +159,10 @@ class ReuseRule:
     pool: int | None = None
     max_reuses: int | None = 4
     max_reuse_se: float | None = 0.2
+    reweight_ratio: float = 0.9
 
     def __post_init__(self):
-        check_reuse(0.5, self.max_reuse_se, self.max_reuses)
+        check_reuse(self.reweight_ratio, self.max_reuse_se, self.max_reuses)
         if self.pool is not None and (isinstance(self.pool, bool) or not isinstance(
                 self.pool, (int, np.integer)) or self.pool < 1):
             raise ValueError(f"ReuseRule: pool must be a whole number >= 1 (trajectories per "

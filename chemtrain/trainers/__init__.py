@@ -4,6 +4,7 @@ from .difftre import Difftre, DifftreParallel
 from .ensemble import EnsembleOfModels
 from .force_matching import ForceMatching
 from .interleave import InterleaveTrainers
+from .options import RunOptions
 from .relative_entropy import RelativeEntropy
 from .reweighting import Reweighting
 from .errors import TrainingError
@@ -11,6 +12,6 @@ from .state import DifftreState, FMState, TrainerState
 from ..learn.statepoint import StatePoint  # noqa: F401  (documented as chemtrain.learn.StatePoint)
 
 __all__ = ["ForceMatching", "EnsembleOfModels", "Difftre", "DifftreParallel", "RelativeEntropy", "Reweighting",
-           "InterleaveTrainers",
+           "InterleaveTrainers", "RunOptions",
            "TrainingError",
            "TrainerState", "FMState", "DifftreState"]

@@ -20,7 +20,9 @@ from ..learn.reuse import ReuseRule
 from ..learn.statepoint import simulation_functions, statepoint_inputs
 from ..learn.update import StepSizeSearch
 from ..simulate.restart import RestartPolicy
+from .options import RunOptions, run_options
 from .reweighting import Reweighting
+from .reweighting_update import with_ratio
 from .services import collective
 
 log = logging.getLogger("chemtrain")
@@ -60,9 +62,10 @@ class DifftreParallel(Reweighting):
         'single' or 'mpi' (one rank per device; every rank constructs the
         trainer with the same data and calls the same methods in the same
         order; recomputed trajectories are sent to every rank).
-      reweight_ratio: recompute a trajectory when N_eff < ratio x N.
-      reuse: the rest of the reuse rule, a :class:`~chemtrain.learn.ReuseRule`
-        (None: its defaults). By default each state point reweights from a
+      reweight_ratio: recompute a trajectory when N_eff < ratio x N
+        (upstream's keyword; or ``reuse.reweight_ratio``; default 0.9).
+      reuse: the reuse rule, a :class:`~chemtrain.learn.ReuseRule` (None:
+        its defaults). By default each state point reweights from a
         pool of its recent trajectories (:mod:`chemtrain.learn.pool`) as
         large as costs about half a recompute per update (at most 20, from
         the step counts; 1 for trajectories of few steps per snapshot), so
@@ -81,22 +84,21 @@ class DifftreParallel(Reweighting):
         (``capacity_multiplier``, ``max_retries``) of neighbor-list
         overflows (:func:`chemtrain.simulate.run_with_restart`); None: its
         defaults (1.5, 3).
-      checkpoint_path: folder of checkpoints and ``<name>_error_state.npz``.
-      log_file: JSON-lines metrics file, one line per epoch.
-      plot_file: where :meth:`train` writes the plot of predictions against
-        targets at its end; ``plot_x`` gives x values of array observables
-        (e.g. ``{'rdf': bin_centers}``).
       vmap_batch: snapshots evaluated at once in the loss.
-      progress: show progress bars (on the root process only).
-      consistency_check_every: every this many updates, check that the
-        parameters and optimizer state agree on all processes; None: never.
-      name: the run's name, used in ``<name>_error_state.npz``.
-      on_update: optional ``fn(record)`` called on every process after each
-        applied update, with ``record`` a dict: ``update`` (its index),
-        ``epoch``, ``batch`` (the state points), ``params_before``,
-        ``params_after``, ``loss``, ``step_size`` and ``statepoints``
-        (state point -> the per-state-point record of the epoch's
-        ``history``: loss, parts, N_eff, the pool's largest N_eff
+      checkpoint_path: folder of checkpoints and ``<name>_error_state.npz``
+        (upstream's keyword, or ``options.checkpoint_path``).
+      options: a :class:`~chemtrain.trainers.RunOptions`: ``log_file``
+        (JSON-lines metrics, one line per epoch), ``plot_file`` (the plot of
+        predictions against targets at the end of :meth:`train`; ``plot_x``
+        gives x values of array observables, e.g. ``{'rdf': bin_centers}``),
+        ``progress``, ``consistency_check_every`` (updates between checks
+        that the replicas agree), ``name`` (of ``<name>_error_state.npz``;
+        default ``"difftre"``) and ``on_update``, an ``fn(record)`` called
+        on every process after each applied update, with ``record`` a dict:
+        ``update`` (its index), ``epoch``, ``batch`` (the state points),
+        ``params_before``, ``params_after``, ``loss``, ``step_size`` and
+        ``statepoints`` (state point -> the per-state-point record of the
+        epoch's ``history``: loss, parts, N_eff, the pool's largest N_eff
         ``pool_n_eff``, recomputed, predictions, targets).
 
     Attributes after training: ``params``, ``opt_state``, ``trajstates``
@@ -109,29 +111,27 @@ class DifftreParallel(Reweighting):
     energy) in every update, under the current parameters.
     """
 
+    trainer_name, default_name = "DifftreParallel", "difftre"
+
     def __init__(self, key, init_params, optimizer, energy_fn_template: Callable,
                  simulator_template: Callable, neighbor_fn, timings, state_kwargs: Mapping,
                  quantities: Mapping, targets: Mapping, observables: Mapping | None = None, *,
                  reference_states=None, loss_fn: Callable | None = None,
                  vmap_batch: int | None = 10, sim_batch_size: int = 1,
-                 reweight_ratio: float = 0.9, parallelism: str = "auto",
+                 reweight_ratio: float | None = None, parallelism: str = "auto",
                  reuse: ReuseRule | None = None,
                  step_size_search: StepSizeSearch | bool | None = None,
-                 restart: RestartPolicy | None = None, checkpoint_path: str = "checkpoints",
-                 log_file: str | None = None, plot_file: str | None = None, plot_x=None,
-                 progress: bool = True, consistency_check_every: int | None = None,
-                 name: str = "difftre", on_update: Callable | None = None):
+                 restart: RestartPolicy | None = None, checkpoint_path: str | None = None,
+                 options: RunOptions | None = None):
         n = _check_batch_inputs(state_kwargs, targets, reference_states)
         resolve_observables(targets, quantities, observables)
         statepoint_batches(n, sim_batch_size)
         super().__init__(
-            difftre_objective(), key, init_params, optimizer, trainer_name="DifftreParallel",
-            sim_batch_size=sim_batch_size, parallelism=parallelism,
-            reweight_ratio=reweight_ratio, reuse=reuse,
+            difftre_objective(), key, init_params, optimizer, sim_batch_size=sim_batch_size,
+            parallelism=parallelism, reuse=with_ratio(reuse, reweight_ratio),
             step_size_search=step_size_search, restart=restart,
-            checkpoint_path=checkpoint_path, log_file=log_file, plot_file=plot_file,
-            plot_x=plot_x, progress=progress, consistency_check_every=consistency_check_every,
-            name=name, on_update=on_update)
+            options=run_options(options, self.trainer_name, self.OPTIONS,
+                                checkpoint_path=checkpoint_path))
         with self.strategy.failure_guard():
             specs = {k: {kk: vv for kk, vv in v.items() if kk != "target"}
                      for k, v in targets.items()}
@@ -200,7 +200,8 @@ class Difftre(Reweighting):
         ``chemtrain.learn.ema`` or ``reduce_on_plateau``, which only force
         matching feeds: refused).
       reweight_ratio: recompute a trajectory when N_eff < ratio x N, a number
-        in [0, 1]; as in :class:`DifftreParallel`.
+        in [0, 1] (None: ``reuse.reweight_ratio``, default 0.9); as in
+        :class:`DifftreParallel`.
       sim_batch_size: state points per update (-1: all); a remainder joins
         the last batch. It must not exceed the number of state points once
         training starts, and under MPI it must be at least the number of
@@ -225,19 +226,11 @@ class Difftre(Reweighting):
         overflows (:func:`chemtrain.simulate.run_with_restart`); None: its
         defaults (1.5, 3).
       checkpoint_path: folder of the epoch checkpoints and of
-        ``<name>_error_state.npz``.
-      log_file: JSON-lines metrics file, one line per epoch (None: none).
-      plot_file: where :meth:`train` writes the plot of predictions against
-        targets at its end (None: no plot).
-      plot_x: ``{target name: x values}`` for plots of array observables, one
-        x per target value (e.g. ``{'rdf': bin_centers}``).
-      progress: show progress bars (on the root process only).
-      consistency_check_every: every this many updates, check that the
-        parameters and optimizer state agree on all processes
-        (``check_consistency()``); None: never.
-      name: the run's name, used in the file name ``<name>_error_state.npz``.
-      on_update: optional ``fn(record)`` called on every process after each
-        applied update; the record is described in :class:`DifftreParallel`.
+        ``<name>_error_state.npz`` (upstream's keyword, or
+        ``options.checkpoint_path``).
+      options: a :class:`~chemtrain.trainers.RunOptions` (``log_file``,
+        ``plot_file``, ``plot_x``, ``progress``, ``consistency_check_every``,
+        ``name``, ``on_update``); as in :class:`DifftreParallel`.
 
     Attributes:
       params: the current parameters.
@@ -265,25 +258,23 @@ class Difftre(Reweighting):
         is not a path.
     """
 
-    def __init__(self, init_params, optimizer, reweight_ratio: float = 0.9,
+    trainer_name, default_name = "Difftre", "difftre"
+
+    def __init__(self, init_params, optimizer, reweight_ratio: float | None = None,
                  sim_batch_size: int = 1, energy_fn_template: Callable | None = None, *,
                  key=None, loss_fn: Callable | None = None, parallelism: str = "auto",
                  reuse: ReuseRule | None = None,
                  step_size_search: StepSizeSearch | bool | None = None,
-                 restart: RestartPolicy | None = None, checkpoint_path: str = "checkpoints",
-                 log_file: str | None = None, plot_file: str | None = None, plot_x=None,
-                 progress: bool = True, consistency_check_every: int | None = None,
-                 name: str = "difftre", on_update: Callable | None = None):
+                 restart: RestartPolicy | None = None, checkpoint_path: str | None = None,
+                 options: RunOptions | None = None):
         self.energy_fn_template = energy_fn_template
         self._default_loss_fn = loss_fn
         super().__init__(
-            difftre_objective(), key, init_params, optimizer, trainer_name="Difftre",
-            sim_batch_size=sim_batch_size, parallelism=parallelism,
-            reweight_ratio=reweight_ratio, reuse=reuse,
+            difftre_objective(), key, init_params, optimizer, sim_batch_size=sim_batch_size,
+            parallelism=parallelism, reuse=with_ratio(reuse, reweight_ratio),
             step_size_search=step_size_search, restart=restart,
-            checkpoint_path=checkpoint_path, log_file=log_file, plot_file=plot_file,
-            plot_x=plot_x, progress=progress, consistency_check_every=consistency_check_every,
-            name=name, on_update=on_update)
+            options=run_options(options, self.trainer_name, self.OPTIONS,
+                                checkpoint_path=checkpoint_path))
 
     @collective
     def add_statepoint(self, energy_fn_template, simulator_template, neighbor_fn, timings,

@@ -13,7 +13,7 @@ checkpoints, resume and failures.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Mapping
 
 import numpy as np
 import optax
@@ -21,6 +21,7 @@ import optax
 from ..data.members import bootstrap_indices
 from ..learn import ensemble as ens
 from .force_matching import ForceMatching
+from .options import RunOptions
 
 __all__ = ["EnsembleOfModels"]
 
@@ -60,12 +61,11 @@ class EnsembleOfModels(ForceMatching):
         the committee's validation metrics (``val``), each member's training
         loss (``members``) and validation metrics (``val_members``).
       seed: member ``k`` orders its batches with ``seed + k``.
-      progress: tqdm bars (root process, on a terminal).
       check_vma: as in :class:`ForceMatching`.
-      consistency_check_every: as in :class:`ForceMatching`.
-      epoch_line: as in :class:`ForceMatching`; the record's ``val`` metrics
-        are the committee's.
       losses: per-target losses, as in :class:`ForceMatching`.
+      options: a :class:`~chemtrain.trainers.RunOptions`, as in
+        :class:`ForceMatching`; an ``epoch_line``'s record has the
+        committee's ``val`` metrics.
 
     Raises:
       ValueError: fewer than two members, or members of different
@@ -78,11 +78,9 @@ class EnsembleOfModels(ForceMatching):
                  energy_fn_template, nbrs_init, *, bootstrap: bool = False,
                  batch: int | None = None, parallelism: str = "auto", mesh=None,
                  gammas: Mapping[str, float] | None = None, weights_keys: Mapping | None = None,
-                 checkpoint_path: str = "checkpoints", log_file: str | None = None,
-                 seed: int = 0, progress: bool = True, check_vma: bool | None = None,
-                 consistency_check_every: int | None = None,
-                 epoch_line: Callable[[dict], str] | None = None,
-                 losses: Mapping | None = None):
+                 checkpoint_path: str | None = None, log_file: str | None = None,
+                 seed: int = 0, check_vma: bool | None = None, losses: Mapping | None = None,
+                 options: RunOptions | None = None):
         stacked = ens.as_stacked(init_params)
         if not isinstance(optimizer, optax.GradientTransformation):
             raise TypeError(f"optimizer must be an optax.GradientTransformation, got "
@@ -91,9 +89,8 @@ class EnsembleOfModels(ForceMatching):
         super().__init__(stacked, ens.vectorized(optimizer), energy_fn_template, nbrs_init,
                          batch=batch, parallelism=parallelism, mesh=mesh, gammas=gammas,
                          weights_keys=weights_keys, checkpoint_path=checkpoint_path,
-                         log_file=log_file, seed=seed, progress=progress, check_vma=check_vma,
-                         consistency_check_every=consistency_check_every,
-                         epoch_line=epoch_line, losses=losses,
+                         log_file=log_file, seed=seed, check_vma=check_vma, losses=losses,
+                         options=options,
                          functions=ens.trainer_functions(self.n_members, self.bootstrap))
 
     def _resume_settings(self) -> dict:

@@ -22,8 +22,10 @@ from ..learn.diagnose import energy_gradient_note
 from ..learn.losses import check_losses
 from ..models.template import as_template, check_reach
 from ..parallel import make_strategy, raised_everywhere
+from .epochs import run_epochs
 from .report import Reporter, check_epochs, close_epoch
 from .checkpoints import CheckpointStore
+from .options import RunOptions, run_options
 from .services import (TrainingError, add_trees, check_consistency, collective,
                        init_state, run_steps)
 from .stages import DataStages, global_batch
@@ -59,16 +61,12 @@ class ForceMatching(HoldsState):
       mesh: optional 1-D ``jax.sharding.Mesh`` with axis 'data' for 'jax'.
       gammas: non-negative loss weight per target (default U and F 1.0).
       weights_keys: optional ``{target: dataset key}`` of per-structure weights.
-      checkpoint_path: folder for checkpoints and error states.
-      log_file: JSON-lines metrics file (one line per epoch), or None.
-      seed: seed of the training-batch order. progress: tqdm bars (root only).
+      checkpoint_path: folder for checkpoints and error states (upstream's
+        keyword; or ``options.checkpoint_path``; default ``"checkpoints"``).
+      log_file: JSON-lines metrics file (one line per epoch), or None
+        (upstream's keyword; or ``options.log_file``).
+      seed: seed of the training-batch order.
       check_vma: shard_map's varying-axis check; None takes the template's.
-      consistency_check_every: every k steps compare checksums of the state
-        across processes and raise naming the first leaf that differs.
-      epoch_line: ``record -> str``, the text of each epoch's log line after
-        ``"epoch k: "``, from the record the metrics file gets (``train_loss``,
-        ``val_loss``, ``val[target]["MAE"/"RMSE"]`` in kJ/mol and kJ/mol/nm).
-        Default :func:`epoch_line`; ``chemtrain-finetune`` passes one in eV/Å.
       batch_per_device: structures per device instead of ``batch``.
       disable_shmap: evaluate the batch without ``shard_map`` (single device).
       functions: the factory of what the trainer computes, with the
@@ -78,6 +76,13 @@ class ForceMatching(HoldsState):
       losses: ``{target: loss}`` of :mod:`chemtrain.learn.losses` (e.g.
         ``{"F": huber(50.0)}``, or a ``TargetLoss`` comparing energies per
         atom); targets not named keep the squared error.
+      options: a :class:`~chemtrain.trainers.RunOptions`: ``progress``,
+        ``consistency_check_every`` (every k steps compare checksums of the
+        state across processes) and ``epoch_line`` (``record -> str``, the
+        text of each epoch's log line after ``"epoch k: "``, from the record
+        the metrics file gets: ``train_loss``, ``val_loss``,
+        ``val[target]["MAE"/"RMSE"]`` in kJ/mol and kJ/mol/nm; default
+        :func:`epoch_line`; ``chemtrain-finetune`` passes one in eV/Å).
 
     The optimizer may carry :func:`chemtrain.learn.optimizers.ema` (then
     validation, ``evaluate``, ``predict``, ``best_params`` and
@@ -92,16 +97,18 @@ class ForceMatching(HoldsState):
     trainer of the same model); the optimizer state is kept.
     """
 
+    OPTIONS = ("checkpoint_path", "log_file", "progress", "consistency_check_every", "epoch_line")
+
     def __init__(self, init_params, optimizer: optax.GradientTransformation, energy_fn_template,
                  nbrs_init, *, batch: int | None = None, parallelism: str = "auto", mesh=None,
                  gammas: Mapping[str, float] | None = None, weights_keys: Mapping | None = None,
-                 checkpoint_path: str = "checkpoints", log_file: str | None = None, seed: int = 0,
-                 progress: bool = True, check_vma: bool | None = None,
-                 consistency_check_every: int | None = None, batch_per_device: int | None = None,
-                 disable_shmap: bool | None = None,
-                 epoch_line: Callable[[dict], str] | None = None,
-                 functions: Callable | None = None, losses: Mapping | None = None):
+                 checkpoint_path: str | None = None, log_file: str | None = None, seed: int = 0,
+                 check_vma: bool | None = None, batch_per_device: int | None = None,
+                 disable_shmap: bool | None = None, functions: Callable | None = None,
+                 losses: Mapping | None = None, options: RunOptions | None = None):
         global_batch(batch, batch_per_device, 1, disable_shmap)  # argument errors first
+        self.options = run_options(options, type(self).__name__, self.OPTIONS,
+                                   checkpoint_path=checkpoint_path, log_file=log_file)
         enable_compile_cache()
         template = as_template(energy_fn_template)
         check_reach(template, nbrs_init, "ForceMatching")
@@ -113,14 +120,12 @@ class ForceMatching(HoldsState):
             self.batch, self.optimizer = int(batch), optimizer
             self.gammas, self.weights_keys = fm.check_gammas(gammas), dict(weights_keys or {})
             self.losses = check_losses(losses, self.gammas)
-            self.consistency_check_every = consistency_check_every
-            if epoch_line is not None and not callable(epoch_line):
-                raise TypeError(f"epoch_line must be a function record -> str or None, got "
-                                f"{type(epoch_line).__name__}.")
-            self.epoch_line = epoch_line or globals()["epoch_line"]
+            self.consistency_check_every = self.options.consistency_check_every
+            self.epoch_line = self.options.epoch_line or epoch_line
             self._diagnose = (template, nbrs_init)   # for the message of a failed step
-            self.reporter = Reporter(self.strategy, log_file, progress)
-            self.store = CheckpointStore(self.strategy, checkpoint_path, "ForceMatching")
+            self.reporter = Reporter(self.strategy, self.options.log_file, self.options.progress)
+            self.store = CheckpointStore(self.strategy, self.options.checkpoint_path
+                                         or "checkpoints", "ForceMatching")
             self.data = DataStages(self.strategy, self.batch, ("R", *self.gammas,
                                    *self.weights_keys.values()), self.weights_keys.values(),
                                    template.validate_dataset, nbrs_init, seed)
@@ -224,55 +229,50 @@ class ForceMatching(HoldsState):
                          "(patience %d).", self.epochs_since_best(), patience)
             return
         loader = self.functions.training_loader(self.data["training"])
-        if checkpoint_freq:
-            self.store.check_folder(self.epoch)
-        self.reporter.claim(self.store.run_id)
-        epochs = self.reporter.epochs(self.epoch, max_epochs)
-        for epoch in epochs:
-            start = time.perf_counter()
-            n_steps, total = run_steps(
-                self.strategy, self._step, self._batches(loader, epoch),
-                lambda s, i, applied: self._failed(s, i, applied, epoch),
-                self.reporter.bar(len(loader), f"epoch {epoch}"), self.step,
-                self.consistency_check_every, self.check_consistency)
-            step = self.state.step + n_steps
-            self.state = self.state.replace(step=step)
-            record = {"epoch": epoch, "step": step, **self.functions.train_record(
-                self.strategy.to_host(total), n_steps, self.gammas)}
-            monitored = record["train_loss"]
-            done = dict(train_losses=[*self.state.train_losses, monitored])
-            if "validation" in self.data:
-                val = self.evaluate("validation")
-                monitored = val["loss"]
-                done["val_losses"] = [*self.state.val_losses, monitored]
-                record.update(val_loss=monitored, val={t: val[t] for t in self.gammas})
-                if "members" in val:   # a committee's: each member's too
-                    record["val_members"] = [{"loss": m["loss"], **{t: m[t] for t in self.gammas}}
-                                             for m in val["members"]]
-            text = f"epoch {epoch}: " + self.epoch_line(record)
-            if monitored < self.state.best_loss:
-                done.update(best_loss=monitored, best_epoch=epoch,
-                            best_params=self.strategy.to_host(self.eval_params))
-            if optimizers.has_plateau(self.state.opt_state):
-                host = optimizers.observe(self.strategy.to_host(self.state.opt_state), monitored)
-                done["opt_state"] = self.strategy.replicate(host)
-                record["lr_scale"] = optimizers.update_scale(host)
-            close_epoch(self.strategy, self.reporter, record, text, epochs, start,
-                        train=f"{record['train_loss']:.4g}",
-                        val=f"{record.get('val_loss', float('nan')):.4g}")
-            self.state = self.state.replace(epoch=epoch + 1, history=[*self.state.history, record],
-                                            **done)
-            if checkpoint_freq and self.epoch % checkpoint_freq == 0:
-                self.store.save_epoch(self.epoch, *self._capture())
-            if patience is not None and self.epochs_since_best() >= patience:
-                self.stopped_early = True
-                if self.strategy.is_root:
-                    log.info("Stopping early after epoch %d: the monitored loss has not "
-                             "improved for %d epochs (best %.5g).", epoch, patience,
-                             self.state.best_loss)
-                if checkpoint_freq and self.epoch % checkpoint_freq:
-                    self.store.save_epoch(self.epoch, *self._capture())
-                break
+
+        def stop(epoch):
+            if patience is None or self.epochs_since_best() < patience:
+                return False
+            self.stopped_early = True
+            if self.strategy.is_root:
+                log.info("Stopping early after epoch %d: the monitored loss has not improved "
+                         "for %d epochs (best %.5g).", epoch, patience, self.state.best_loss)
+            return True
+        run_epochs(self, max_epochs, checkpoint_freq,
+                   lambda epoch, bar: self._epoch(loader, epoch, bar),
+                   lambda: self.store.save_epoch(self.epoch, *self._capture()), stop)
+
+    def _epoch(self, loader, epoch: int, epochs_bar) -> None:
+        """Train, validate, report and commit one epoch."""
+        start = time.perf_counter()
+        n_steps, total = run_steps(
+            self.strategy, self._step, self._batches(loader, epoch),
+            lambda s, i, applied: self._failed(s, i, applied, epoch),
+            self.reporter.bar(len(loader), f"epoch {epoch}"), self.step,
+            self.consistency_check_every, self.check_consistency)
+        step = self.state.step + n_steps
+        self.state = self.state.replace(step=step)
+        record = {"epoch": epoch, "step": step, **self.functions.train_record(
+            self.strategy.to_host(total), n_steps, self.gammas)}
+        monitored = record["train_loss"]
+        done = dict(train_losses=[*self.state.train_losses, monitored])
+        if "validation" in self.data:
+            val = self.evaluate("validation")
+            monitored = val["loss"]
+            done["val_losses"] = [*self.state.val_losses, monitored]
+            record.update(val_loss=monitored, **self.functions.val_record(val, self.gammas))
+        text = f"epoch {epoch}: " + self.epoch_line(record)
+        if monitored < self.state.best_loss:
+            done.update(best_loss=monitored, best_epoch=epoch,
+                        best_params=self.strategy.to_host(self.eval_params))
+        opt_state, fed = optimizers.after_epoch(self.state.opt_state, monitored,
+                                                self.strategy.to_host, self.strategy.replicate)
+        record.update(fed)
+        close_epoch(self.strategy, self.reporter, record, text, epochs_bar, start,
+                    train=f"{record['train_loss']:.4g}",
+                    val=f"{record.get('val_loss', float('nan')):.4g}")
+        self.state = self.state.replace(epoch=epoch + 1, history=[*self.state.history, record],
+                                        opt_state=opt_state, **done)
 
     def _step(self, batch):
         params, opt_state, s = self.functions.update(self.state.params, self.state.opt_state,

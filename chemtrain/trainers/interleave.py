@@ -40,6 +40,8 @@ from ..checkpoint import CheckpointError, why_not_writable
 from ..parallel import on_root
 from .report import Reporter, check_epochs
 from .checkpoints import CheckpointStore, read_meta
+from .epochs import run_epochs
+from .options import RunOptions, run_options
 from .protocol import Trainer, missing_members
 from .services import collective
 from .state import check_like
@@ -51,20 +53,27 @@ class InterleaveTrainers:
     """Trainers that share one parameter set, trained in turns.
 
     Args:
-      checkpoint_base_path: folder of the fused epoch checkpoints.
-      log_file: JSON-lines file, one line per trainer part per fused epoch
+      checkpoint_base_path: folder of the fused epoch checkpoints
+        (upstream's keyword; or ``options.checkpoint_path``; default
+        ``"checkpoints/fused"``).
+      options: a :class:`~chemtrain.trainers.RunOptions`: ``log_file``, a
+        JSON-lines file with one line per trainer part per fused epoch
         (``epoch``, ``trainer``, its ``loss`` and ``val_loss`` if any, its
-        own epoch count, the time of its turn).
-      plot_file: where :meth:`train` writes the plot of every trainer's
-        loss per fused epoch at its end.
-      progress: the fused epochs' progress bar (each trainer shows its own).
+        own epoch count, the time of its turn); ``plot_file``, where
+        :meth:`train` writes the plot of every trainer's loss per fused
+        epoch at its end; ``progress``, the fused epochs' progress bar (each
+        trainer shows its own).
     """
 
-    def __init__(self, checkpoint_base_path: str = "checkpoints/fused",
-                 log_file: str | None = None, plot_file: str | None = None,
-                 progress: bool = True):
-        self.folder = os.fspath(checkpoint_base_path)
-        self.log_file, self.plot_file, self.progress = log_file, plot_file, progress
+    OPTIONS = ("checkpoint_path", "log_file", "plot_file", "progress")
+
+    def __init__(self, checkpoint_base_path: str | None = None,
+                 options: RunOptions | None = None):
+        options = run_options(options, "InterleaveTrainers", self.OPTIONS,
+                              checkpoint_path=checkpoint_base_path)
+        self.folder = os.fspath(options.checkpoint_path or "checkpoints/fused")
+        self.log_file, self.plot_file, self.progress = (options.log_file, options.plot_file,
+                                                        options.progress)
         self.parts: list[tuple[str, Any, int]] = []   # (name, trainer, num_updates)
         self.epoch = 0
         self.history: list[dict] = []   # one record per trainer part per fused epoch
@@ -130,35 +139,35 @@ class InterleaveTrainers:
         check_epochs(max_epochs, checkpoint_freq)
         self._check_same_turns()
         on_root(self.strategy, lambda: self._check_outputs(checkpoint_freq), only_root=True)
-        if checkpoint_freq:
-            self.store.check_folder(self.epoch)
-        self.reporter.claim(self.store.run_id)
-        for epoch in self.reporter.epochs(self.epoch, max_epochs):
-            params = self.params
-            handed_by = self.parts[-1][0] if self.epoch or epoch else None
-            for name, trainer, n in self.parts:
-                started = time.perf_counter()
-                try:
-                    trainer.params = params
-                    trainer.train(n)
-                except Exception as e:   # say whose parameters the failing turn started from
-                    e.add_note(_turn_note(epoch, name, handed_by))
-                    raise
-                params, handed_by = trainer.params, name
-                last = trainer.history[-1]
-                record = {"epoch": epoch, "trainer": name, "trainer_epoch": trainer.epoch,
-                          "loss": last.get("loss", last.get("train_loss"))}
-                if "val_loss" in last:
-                    record["val_loss"] = last["val_loss"]
-                record["time_s"] = trainer.strategy.host_max(time.perf_counter() - started)
-                self.reporter.report(record, f"fused epoch {epoch}, {name}: loss "
-                                             f"{record['loss']:.5g} ({record['time_s']:.1f} s)")
-                self.history.append(record)
-            self.epoch = epoch + 1
-            if checkpoint_freq and self.epoch % checkpoint_freq == 0:
-                self.save_checkpoint(os.path.join(self.folder, f"epoch_{self.epoch:05d}"))
+        run_epochs(self, max_epochs, checkpoint_freq, self._epoch, lambda: self.save_checkpoint(
+            os.path.join(self.folder, f"epoch_{self.epoch:05d}")))
         if self.plot_file:
             self.plot(self.plot_file)
+
+    def _epoch(self, epoch: int, epochs_bar) -> None:
+        """One fused epoch: each trainer's turn from the parameters the one
+        before handed on, one report line per turn."""
+        params = self.params
+        handed_by = self.parts[-1][0] if self.epoch or epoch else None
+        for name, trainer, n in self.parts:
+            started = time.perf_counter()
+            try:
+                trainer.params = params
+                trainer.train(n)
+            except Exception as e:   # say whose parameters the failing turn started from
+                e.add_note(_turn_note(epoch, name, handed_by))
+                raise
+            params, handed_by = trainer.params, name
+            last = trainer.history[-1]
+            record = {"epoch": epoch, "trainer": name, "trainer_epoch": trainer.epoch,
+                      "loss": last.get("loss", last.get("train_loss"))}
+            if "val_loss" in last:
+                record["val_loss"] = last["val_loss"]
+            record["time_s"] = trainer.strategy.host_max(time.perf_counter() - started)
+            self.reporter.report(record, f"fused epoch {epoch}, {name}: loss "
+                                         f"{record['loss']:.5g} ({record['time_s']:.1f} s)")
+            self.history.append(record)
+        self.epoch = epoch + 1
 
     def _check_outputs(self, checkpoint_freq) -> None:
         """The checkpoint folder and the plot file must be writable: found

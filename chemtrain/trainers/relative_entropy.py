@@ -25,7 +25,9 @@ from ..learn.relative_entropy import relative_entropy_objective
 from ..learn.statepoint import simulation_functions, statepoint_inputs
 from ..learn.update import StepSizeSearch
 from ..simulate.restart import RestartPolicy
+from .options import RunOptions, run_options
 from .reweighting import Reweighting
+from .reweighting_update import with_ratio
 from .services import collective
 
 __all__ = ["RelativeEntropy", "ReferenceFrames"]
@@ -64,7 +66,7 @@ class RelativeEntropy(Reweighting):
         ``chemtrain.learn.ema`` or ``reduce_on_plateau``, which only force
         matching feeds: refused).
       reweight_ratio: recompute a trajectory when N_eff < ratio x N, a number
-        in [0, 1].
+        in [0, 1] (None: ``reuse.reweight_ratio``, default 0.9).
       sim_batch_size: state points per update (-1: all); a remainder joins
         the last batch. It must not exceed the number of state points once
         training starts, and under MPI it must be at least the number of
@@ -88,21 +90,16 @@ class RelativeEntropy(Reweighting):
         overflows (:func:`chemtrain.simulate.run_with_restart`); None: its
         defaults (1.5, 3).
       checkpoint_path: folder of the epoch checkpoints and of
-        ``<name>_error_state.npz``.
-      log_file: JSON-lines metrics file, one line per epoch (None: none).
-      plot_file: where :meth:`train` writes, at its end, the plot of
-        :meth:`plot` (relative-entropy change, gradient norm and N_eff / N
-        per update); None: no plot.
-      plot_x: accepted for symmetry with DiffTRe; relative-entropy state
-        points have no targets, so a non-empty ``plot_x`` is refused when a
-        state point is added. Leave it None.
-      progress: show progress bars (on the root process only).
-      consistency_check_every: every this many updates, check that the
-        parameters and optimizer state agree on all processes; None: never.
-      name: the run's name, used in the file name ``<name>_error_state.npz``.
-      on_update: optional ``fn(record)`` called on every process after each
-        applied update; the record is as in :class:`DifftreParallel`, with
-        the per-state-point records of the history above.
+        ``<name>_error_state.npz`` (upstream's keyword, or
+        ``options.checkpoint_path``).
+      options: a :class:`~chemtrain.trainers.RunOptions`: ``log_file``,
+        ``plot_file`` (the plot of :meth:`plot` at the end of :meth:`train`:
+        relative-entropy change, gradient norm and N_eff / N per update),
+        ``progress``, ``consistency_check_every``, ``name`` (default
+        ``"relentropy"``) and ``on_update`` (the record is as in
+        :class:`DifftreParallel`, with the per-state-point records of the
+        history above). Relative-entropy state points have no targets, so a
+        non-empty ``plot_x`` is refused when a state point is added.
 
     Attributes:
       params: the current parameters.
@@ -131,25 +128,23 @@ class RelativeEntropy(Reweighting):
         is not a path.
     """
 
-    def __init__(self, init_params, optimizer, reweight_ratio: float = 0.9,
+    trainer_name, default_name = "RelativeEntropy", "relentropy"
+
+    def __init__(self, init_params, optimizer, reweight_ratio: float | None = None,
                  sim_batch_size: int = 1, energy_fn_template: Callable | None = None, *,
                  key=None, parallelism: str = "auto",
                  reuse: ReuseRule | None = None,
                  step_size_search: StepSizeSearch | bool | None = None,
-                 restart: RestartPolicy | None = None, checkpoint_path: str = "checkpoints",
-                 log_file: str | None = None, plot_file: str | None = None, plot_x=None,
-                 progress: bool = True, consistency_check_every: int | None = None,
-                 name: str = "relentropy", on_update: Callable | None = None):
+                 restart: RestartPolicy | None = None, checkpoint_path: str | None = None,
+                 options: RunOptions | None = None):
         self.energy_fn_template = energy_fn_template
         super().__init__(
             relative_entropy_objective(), key, init_params, optimizer,
-            trainer_name="RelativeEntropy",
             sim_batch_size=sim_batch_size, parallelism=parallelism,
-            reweight_ratio=reweight_ratio, reuse=reuse,
+            reuse=with_ratio(reuse, reweight_ratio),
             step_size_search=step_size_search, restart=restart,
-            checkpoint_path=checkpoint_path, log_file=log_file, plot_file=plot_file,
-            plot_x=plot_x, progress=progress, consistency_check_every=consistency_check_every,
-            name=name, on_update=on_update)
+            options=run_options(options, self.trainer_name, self.OPTIONS,
+                                checkpoint_path=checkpoint_path))
 
     @property
     def s_rel(self) -> list:

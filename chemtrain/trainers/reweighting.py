@@ -34,6 +34,8 @@ from ..parallel import make_strategy, on_root, raised_everywhere
 from ..simulate.restart import RestartPolicy
 from . import reweighting_files as files
 from .checkpoints import CheckpointStore
+from .options import RunOptions, run_options
+from .epochs import run_epochs
 from .report import Reporter, check_epochs, close_epoch
 from .reweighting_update import (Loop, TimedCollectives, UpdateRefused, apply_update,
                                  check_arguments, check_optimizer_state, policies,
@@ -62,42 +64,39 @@ class Reweighting(HoldsState):
       optimizer: an ``optax.GradientTransformation`` (without
         ``chemtrain.learn.ema`` or ``reduce_on_plateau``, which only force
         matching feeds: refused).
-      trainer_name: the name checkpoints and trajectory files carry.
       sim_batch_size: state points per update (-1: all); a remainder joins
         the last batch; under MPI at least the number of ranks.
       parallelism: 'auto', 'single' or 'mpi'.
-      reweight_ratio: recompute when N_eff < ratio x N (every one of a pool).
-      reuse: the rest of the reuse rule, a :class:`~chemtrain.learn.ReuseRule`.
+      reuse: the reuse rule, a :class:`~chemtrain.learn.ReuseRule` (None:
+        its defaults).
       step_size_search: a :class:`~chemtrain.learn.update.StepSizeSearch`,
         True (its defaults) or None (no search).
       restart: the :class:`~chemtrain.simulate.RestartPolicy` of overflows.
-      checkpoint_path: folder of checkpoints and ``<name>_error_state.npz``.
-      log_file: JSON-lines metrics file, one line per epoch (None: none).
-      plot_file: where :meth:`train` writes the objective's plot at its end.
-      plot_x: ``{target name: x values}`` of array observables' plots.
-      progress: show progress bars (root process, on a terminal).
-      consistency_check_every: check every this many updates that the
-        replicas agree (None: never).
-      name: the run's name, in ``<name>_error_state.npz``.
-      on_update: optional ``fn(record)`` called after each applied update.
+      options: a :class:`~chemtrain.trainers.RunOptions`: every field but
+        ``epoch_line``. Its ``name`` (default :attr:`default_name`) names
+        ``<name>_error_state.npz``; ``on_update(record)`` is called after
+        each applied update.
+
+    Checkpoints and trajectory files carry the class attribute
+    :attr:`trainer_name`.
     """
 
+    trainer_name, default_name = "Reweighting", "reweighting"
+    OPTIONS = ("checkpoint_path", "log_file", "plot_file", "plot_x", "progress",
+               "consistency_check_every", "name", "on_update")
+
     def __init__(self, objective: Objective, key, init_params, optimizer, *,
-                 trainer_name: str = "Reweighting", sim_batch_size: int = 1,
-                 parallelism: str = "auto",
-                 reweight_ratio: float = 0.9, reuse: ReuseRule | None = None,
-                 step_size_search=None, restart: RestartPolicy | None = None,
-                 checkpoint_path: str = "checkpoints",
-                 log_file: str | None = None, plot_file: str | None = None, plot_x=None,
-                 progress: bool = True, consistency_check_every: int | None = None,
-                 name: str = "reweighting", on_update=None):
-        check_arguments(objective, optimizer, on_update)
+                 sim_batch_size: int = 1, parallelism: str = "auto",
+                 reuse: ReuseRule | None = None, step_size_search=None,
+                 restart: RestartPolicy | None = None, options: RunOptions | None = None):
+        check_arguments(objective, optimizer)
         enable_compile_cache()
-        self.reuse = reuse_rule(reuse, reweight_ratio, objective)
+        self.reuse = reuse_rule(reuse, objective)
+        opts = self.options = run_options(options, self.trainer_name, self.OPTIONS)
         self.step_size_search, self.restart = policies(step_size_search, restart)
         statepoint_batches(max(1, sim_batch_size), sim_batch_size)  # type/range check
-        self.objective, self.trainer_name = objective, trainer_name
-        self.strategy = make_strategy(parallelism, allow_jax=False, trainer=trainer_name)
+        self.objective = objective
+        self.strategy = make_strategy(parallelism, allow_jax=False, trainer=self.trainer_name)
         ranks = self.strategy.process_count
         if sim_batch_size != -1 and sim_batch_size < ranks:
             raise ValueError(f"sim_batch_size={sim_batch_size} is smaller than the number of MPI "
@@ -106,16 +105,18 @@ class Reweighting(HoldsState):
                              f"-1 (all state points in one update), or fewer ranks.")
         self.key = jnp.asarray(as_key(key))
         self.optimizer, self.sim_batch_size = optimizer, sim_batch_size
-        self.reweight_ratio, self.plot_file, self.plot_x = (float(reweight_ratio), plot_file,
-                                                            dict(plot_x or {}))
-        self.consistency_check_every, self.name = consistency_check_every, name
-        self.on_update, self.reporter = on_update, Reporter(self.strategy, log_file, progress)
+        self.reweight_ratio = self.reuse.reweight_ratio
+        self.plot_file, self.plot_x = opts.plot_file, dict(opts.plot_x or {})
+        self.consistency_check_every = opts.consistency_check_every
+        self.name, self.on_update = opts.name or self.default_name, opts.on_update
+        self.reporter = Reporter(self.strategy, opts.log_file, opts.progress)
         # nothing placed: whole state points per process on its default device,
         # uncommitted arrays (compiled functions reused whatever made the inputs)
-        self.store = CheckpointStore(self.strategy, checkpoint_path, trainer_name, replicated=())
+        self.store = CheckpointStore(self.strategy, opts.checkpoint_path or "checkpoints",
+                                     self.trainer_name, replicated=())
         _, opt_state, host_params = init_state(self.strategy, init_params, optimizer)
         opt_state = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), opt_state)  # the root's
-        check_optimizer_state(opt_state, trainer_name)
+        check_optimizer_state(opt_state, self.trainer_name)
         self.state = DifftreState(jax.tree.map(jnp.asarray, host_params), opt_state)
         self.statepoints: list[StatePoint] = []
         self.trajectories = TrajectoryStore(self.strategy, self.restart)
@@ -251,44 +252,43 @@ class Reweighting(HoldsState):
             raise RuntimeError(f"State point(s) {missing} have no trajectory yet: call "
                                f"trainer.initialize_trajstates() (or load_trajstates(path)) "
                                f"before train().")
-        if checkpoint_freq:
-            self.store.check_folder(self.epoch)
-        self.reporter.claim(self.store.run_id)
         batches = self.batches()
-        epochs = self.reporter.epochs(self.epoch, max_epochs)
-        for epoch in epochs:
-            started = time.perf_counter()
-            self.comm.reset()
-            self._stop("interrupted", self.update_count)
-            bar = self.reporter.bar(len(batches), f"epoch {epoch}")
-            per_sp, step_sizes, norms = {}, [], []
-            for batch in batches:
-                result = self._update(batch, epoch)
-                per_sp.update(result["statepoints"])
-                step_sizes.append(result["step_size"])
-                norms.append(result["grad_norm"])
-                bar.set_postfix(loss=f"{result['loss']:.4g}")
-                bar.update()
-            bar.close()
-            self.state = self.state.replace(stopped=None)
-            loss = float(np.mean([per_sp[i]["loss"] for i in sorted(per_sp)]))
-            record = {"epoch": epoch, "update": self.update_count, "loss": loss,
-                      "step_sizes": step_sizes, "grad_norms": norms,
-                      "statepoints": [per_sp[i] for i in sorted(per_sp)]}
-            n_re = sum(r["recomputed"] for r in record["statepoints"])
-            text = (f"epoch {epoch}: loss {loss:.5g}, {n_re} of {len(per_sp)} state point(s) "
-                    f"recomputed, min N_eff {min(r['n_eff'] for r in record['statepoints']):.1f}")
-            record["comm_s"] = self.strategy.host_max(self.comm.comm_s)
-            record["wait_s"] = self.strategy.host_max(self.comm.wait_s)
-            close_epoch(self.strategy, self.reporter, record, text, epochs, started,
-                        loss=f"{loss:.4g}")
-            self.state = self.state.replace(epoch=epoch + 1,
-                                            epoch_losses=[*self.state.epoch_losses, loss],
-                                            history=[*self.state.history, record])
-            if checkpoint_freq and self.epoch % checkpoint_freq == 0:
-                self.store.save_epoch(self.epoch, *self._capture())
+        run_epochs(self, max_epochs, checkpoint_freq,
+                   lambda epoch, bar: self._epoch(batches, epoch, bar),
+                   lambda: self.store.save_epoch(self.epoch, *self._capture()))
         if self.plot_file:
             self.plot(self.plot_file)
+
+    def _epoch(self, batches, epoch: int, epochs_bar) -> None:
+        """Train, report and commit one epoch of updates."""
+        started = time.perf_counter()
+        self.comm.reset()
+        self._stop("interrupted", self.update_count)
+        bar = self.reporter.bar(len(batches), f"epoch {epoch}")
+        per_sp, step_sizes, norms = {}, [], []
+        for batch in batches:
+            result = self._update(batch, epoch)
+            per_sp.update(result["statepoints"])
+            step_sizes.append(result["step_size"])
+            norms.append(result["grad_norm"])
+            bar.set_postfix(loss=f"{result['loss']:.4g}")
+            bar.update()
+        bar.close()
+        self.state = self.state.replace(stopped=None)
+        loss = float(np.mean([per_sp[i]["loss"] for i in sorted(per_sp)]))
+        record = {"epoch": epoch, "update": self.update_count, "loss": loss,
+                  "step_sizes": step_sizes, "grad_norms": norms,
+                  "statepoints": [per_sp[i] for i in sorted(per_sp)]}
+        n_re = sum(r["recomputed"] for r in record["statepoints"])
+        text = (f"epoch {epoch}: loss {loss:.5g}, {n_re} of {len(per_sp)} state point(s) "
+                f"recomputed, min N_eff {min(r['n_eff'] for r in record['statepoints']):.1f}")
+        record["comm_s"] = self.strategy.host_max(self.comm.comm_s)
+        record["wait_s"] = self.strategy.host_max(self.comm.wait_s)
+        close_epoch(self.strategy, self.reporter, record, text, epochs_bar, started,
+                    loss=f"{loss:.4g}")
+        self.state = self.state.replace(epoch=epoch + 1,
+                                        epoch_losses=[*self.state.epoch_losses, loss],
+                                        history=[*self.state.history, record])
 
     def _update(self, batch, epoch):
         try:

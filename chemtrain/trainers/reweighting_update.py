@@ -40,16 +40,12 @@ class UpdateRefused(Exception):
     process alike: the decision is made on values summed over them)."""
 
 
-def check_arguments(objective, optimizer, on_update) -> None:
-    """TypeError unless ``objective`` is an :class:`~chemtrain.learn.Objective`,
-    ``optimizer`` an optax ``GradientTransformation`` and ``on_update`` None
-    or callable."""
+def check_arguments(objective, optimizer) -> None:
+    """TypeError unless ``objective`` is an :class:`~chemtrain.learn.Objective`
+    and ``optimizer`` an optax ``GradientTransformation``."""
     if not isinstance(objective, Objective):
         raise TypeError(f"objective must be a chemtrain.learn.Objective, got "
                         f"{type(objective).__name__}.")
-    if on_update is not None and not callable(on_update):
-        raise TypeError(f"on_update must be a function of one record (a dict), got "
-                        f"{type(on_update).__name__}.")
     if not isinstance(optimizer, optax.GradientTransformation):
         raise TypeError(f"optimizer must be an optax.GradientTransformation, got "
                         f"{type(optimizer).__name__}.")
@@ -92,15 +88,29 @@ def policies(step_size_search, restart) -> tuple[StepSizeSearch | None, RestartP
     return step_size_search, restart
 
 
-def reuse_rule(rule, reweight_ratio, objective) -> ReuseRule:
-    """The loop's :class:`~chemtrain.learn.ReuseRule` from what a user passes
-    (None: its defaults), with ``reweight_ratio`` checked; an objective
-    without pools (relative entropy) refuses a pool of more than one."""
-    check_reuse(reweight_ratio, None, None)
+def with_ratio(rule, reweight_ratio) -> ReuseRule:
+    """``rule`` (a :class:`~chemtrain.learn.ReuseRule`; None: its defaults)
+    with upstream chemtrain's keyword ``reweight_ratio`` (None: the rule's)."""
     rule = ReuseRule() if rule is None else rule
     if not isinstance(rule, ReuseRule):
         raise TypeError(f"reuse must be a chemtrain.learn.ReuseRule(pool, max_reuses, "
-                        f"max_reuse_se) or None (its defaults), got {type(rule).__name__}.")
+                        f"max_reuse_se, reweight_ratio) or None (its defaults), got "
+                        f"{type(rule).__name__}.")
+    if reweight_ratio is None:
+        return rule
+    check_reuse(reweight_ratio, None, None)
+    if rule.reweight_ratio != ReuseRule.reweight_ratio:
+        raise ValueError(f"reweight_ratio given twice: as the keyword reweight_ratio="
+                         f"{reweight_ratio!r} and in reuse=ReuseRule(reweight_ratio="
+                         f"{rule.reweight_ratio!r}). Give it once.")
+    return dataclasses.replace(rule, reweight_ratio=float(reweight_ratio))
+
+
+def reuse_rule(rule, objective) -> ReuseRule:
+    """The loop's :class:`~chemtrain.learn.ReuseRule` from what a user passes
+    (None: its defaults); an objective without pools (relative entropy)
+    refuses a pool of more than one."""
+    rule = with_ratio(rule, None)
     if not objective.pools and rule.pool not in (None, 1):
         raise ValueError(f"{objective.name} reweights one trajectory per state point, but "
                          f"reuse=ReuseRule(pool={rule.pool}) asks for a pool of {rule.pool}. "

@@ -47,7 +47,7 @@ from chemtrain.learn import dynamics
 from chemtrain.learn.dynamics import check_steps
 from chemtrain.models.pair import lennard_jones_template
 from chemtrain.simulate import process_printouts, sample_langevin
-from chemtrain.trainers import Reweighting
+from chemtrain.trainers import Reweighting, RunOptions
 from chemtrain.units import kT as kT_of
 
 BOX, N_CELLS, MASS, TEMPERATURE = 3.47786, 6, 39.948, 94.4
@@ -120,8 +120,9 @@ def main():
 
     trainer = Reweighting(dynamics_objective(), args.seed,
                           {k: jnp.asarray(v) for k, v in START.items()}, optimizer,
-                          reuse=ReuseRule(pool=1), progress=False, on_update=on_update,
-                          checkpoint_path=os.path.join(args.out, "checkpoints"))
+                          reuse=ReuseRule(pool=1), options=RunOptions(
+                              progress=False, on_update=on_update,
+                              checkpoint_path=os.path.join(args.out, "checkpoints")))
     fns = simulation_functions(template, functools.partial(
         simulate.nvt_langevin, shift_fn=shift, dt=args.dt, kT=kT, gamma=1.0), nbr_fn, timings,
         10)
@@ -136,8 +137,8 @@ def main():
     final = {k: float(v) for k, v in trainer.params.items()}
     check = Reweighting(dynamics_objective(), args.seed + 1000,
                         {k: jnp.asarray(v) for k, v in final.items()}, optax.sgd(0.0),
-                        reuse=ReuseRule(pool=1), progress=False,
-                        checkpoint_path=os.path.join(args.out, "check"))
+                        reuse=ReuseRule(pool=1), options=RunOptions(
+                            progress=False, checkpoint_path=os.path.join(args.out, "check")))
     check_timings = process_printouts(args.dt, 5.0 + 0.5 * args.check_segments, 5.0, 0.5)
     check_fns = simulation_functions(template, functools.partial(
         simulate.nvt_langevin, shift_fn=shift, dt=args.dt, kT=kT, gamma=1.0), nbr_fn,

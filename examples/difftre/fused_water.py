@@ -64,7 +64,7 @@ from chemtrain.models.pair import init_pair_mlp, pair_mlp_template
 from chemtrain.neighbors import neighbor_list
 from chemtrain.simulate import make_trajectory, process_printouts, run_with_restart
 from chemtrain.simulate.langevin import label_frames
-from chemtrain.trainers import DifftreParallel, ForceMatching, InterleaveTrainers
+from chemtrain.trainers import DifftreParallel, ForceMatching, InterleaveTrainers, RunOptions
 from chemtrain.units import kT as kT_of
 
 N, DENSITY, TEMPERATURE, MASS, DT = 216, 33.4, 298.0, 18.015, 0.005
@@ -179,7 +179,7 @@ def fm_trainer(s, template, params, data, folder, epochs, progress):
     nbrs = s["neighbor_fn"].allocate(jnp.asarray(data["train"]["R"][0]))
     tr = ForceMatching(params, optimizer, template, nbrs, batch=4, gammas={"F": 1.0},
                        checkpoint_path=folder, log_file=os.path.join(folder, "metrics.jsonl"),
-                       progress=progress)
+                       options=RunOptions(progress=progress))
     tr.set_dataset(data["train"], "training")
     tr.set_dataset(data["test"], "testing")
     return tr
@@ -197,9 +197,10 @@ def difftre_trainer(s, template, params, targets, start, folder, seed, learning_
          "adf": {"target": targets["adf"][None], "gamma": 30.0},
          "pressure": {"target": np.array([targets["pressure"]]), "gamma": 1e-7}},
         reference_states=start[None], reweight_ratio=0.9, vmap_batch=10,
-        checkpoint_path=folder, log_file=os.path.join(folder, "metrics.jsonl"),
-        plot_x={"rdf": np.asarray(s["rdf_bins"].bin_centers),
-                "adf": np.degrees(np.asarray(s["adf_bins"].bin_centers))}, progress=progress)
+        checkpoint_path=folder, options=RunOptions(
+            log_file=os.path.join(folder, "metrics.jsonl"), progress=progress,
+            plot_x={"rdf": np.asarray(s["rdf_bins"].bin_centers),
+                    "adf": np.degrees(np.asarray(s["adf_bins"].bin_centers))}))
     return tr
 
 
@@ -309,8 +310,9 @@ def main(argv=None):
     dt = difftre_trainer(s, template, init, targets, start, out("difftre"), seed, lr, progress)
     timed("MACE + prior: DiffTRe", dt, lambda: (dt.initialize_trajstates(), dt.train(E * K)))
 
-    fused = InterleaveTrainers(out("fused"), log_file=out("fused", "metrics.jsonl"),
-                               plot_file=out("fused", "losses.png"), progress=progress)
+    fused = InterleaveTrainers(out("fused"), options=RunOptions(
+        log_file=out("fused", "metrics.jsonl"), plot_file=out("fused", "losses.png"),
+        progress=progress))
     fused.add_trainer(fm_trainer(s, template, init, data, out("fused", "fm"), E, progress),
                       num_updates=1, name="FM")
     dt_fused = difftre_trainer(s, template, init, targets, start, out("fused", "difftre"), seed,

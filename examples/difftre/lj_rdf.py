@@ -46,6 +46,7 @@ from chemtrain.parallel import make_strategy, on_root
 from chemtrain.models.pair import lennard_jones_template
 from chemtrain.simulate import make_trajectory, process_printouts, run_with_restart
 from chemtrain.trainers.difftre import DifftreParallel
+from chemtrain.trainers import RunOptions
 from chemtrain.units import kT
 
 N, DENSITY, SIGMA, EPSILON, MASS, R_CUT, DT = 128, 21.0, 0.34, 0.99, 39.95, 0.9, 0.01
@@ -146,8 +147,9 @@ def main(argv=None):
         {"kT": kTs, "mass": np.full(len(kTs), MASS)}, s["quantities"],
         {"rdf": {"target": rdfs, "gamma": 1.0}, "pressure": {"target": pressures, "gamma": 1e-4}},
         reference_states=starts, sim_batch_size=-1, reweight_ratio=0.9,
-        checkpoint_path=args.out, log_file=os.path.join(args.out, "metrics.jsonl"),
-        plot_x={"rdf": np.asarray(s["rdf_bins"].bin_centers)}, progress=False)
+        checkpoint_path=args.out, options=RunOptions(
+            log_file=os.path.join(args.out, "metrics.jsonl"), progress=False,
+            plot_x={"rdf": np.asarray(s["rdf_bins"].bin_centers)}))
     trainer.initialize_trajstates()
 
     params = []

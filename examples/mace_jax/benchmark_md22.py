@@ -112,12 +112,12 @@ def worker(args) -> None:
         jax.config.update("jax_enable_x64", True)
     import optax
     from chemtrain.models import mace
-    from chemtrain.trainers import ForceMatching
+    from chemtrain.trainers import ForceMatching, RunOptions
     data, cfg, params, displacement, nbrs, info = build(args)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = ForceMatching(params, optax.adam(1e-3), mace.energy_fn_template(cfg, displacement),
-                                nbrs, batch=args.batch, parallelism=method, progress=False,
-                                checkpoint_path=tmp, gammas={"U": 1e-6, "F": 1.0})
+                                nbrs, batch=args.batch, parallelism=method, checkpoint_path=tmp,
+                                gammas={"U": 1e-6, "F": 1.0}, options=RunOptions(progress=False))
         if args.hdf5:
             rows = np.arange(args.train)
             from chemtrain.data import HDF5ParallelDataLoader

@@ -43,6 +43,7 @@ from chemtrain.models import (freeze, harmonic_bond_template, lennard_jones_temp
                               repulsive_template, sum_templates)
 from chemtrain.simulate import make_trajectory, process_printouts
 from chemtrain.trainers import RelativeEntropy
+from chemtrain.trainers.options import split_options
 from chemtrain.units import kT as kT_of
 
 BOND = {"r_0": 0.35, "b": 2.5, "kT": 2.56, "molecules": 16, "box": 3.0, "mass": 10.0}
@@ -68,6 +69,13 @@ def exact_bond_frames(n_frames, seed, r_0=BOND["r_0"], b=BOND["b"], kT=BOND["kT"
     first = rng.random((n_frames, molecules, 3)) * box
     pairs = np.stack([first, first + lengths[..., None] * u], axis=2)
     return (pairs.reshape(n_frames, 2 * molecules, 3) % box).astype(np.float64)
+
+
+def relative_entropy(params, optimizer, seed, options: dict):
+    """A RelativeEntropy trainer; ``options`` are its keywords and the
+    fields of :class:`~chemtrain.trainers.RunOptions` (``progress``,
+    ``log_file``, ``plot_file``, ...) side by side."""
+    return RelativeEntropy(params, optimizer, key=seed, **split_options(options))
 
 
 def bond_trainer(seed=0, updates=200, kTs=(BOND["kT"],), frames=1000, production=10.0,
@@ -97,7 +105,7 @@ def bond_trainer(seed=0, updates=200, kTs=(BOND["kT"],), frames=1000, production
         params = {"prior": {"sigma": jnp.asarray(0.1), "epsilon": jnp.asarray(0.5)},
                   "bond": params}
         optimizer = freeze(optimizer, params, ["prior"])
-    trainer = RelativeEntropy(params, optimizer, key=seed, **dict(BOND_OPTIONS, **options))
+    trainer = relative_entropy(params, optimizer, seed, dict(BOND_OPTIONS, **options))
     simulator = functools.partial(simulate.nvt_langevin, shift_fn=shift, dt=0.01, kT=kTs[0],
                                   gamma=2.0)
     for i, kT in enumerate(kTs):
@@ -164,8 +172,7 @@ def lj_trainer(seed=0, updates=80, start=(0.95, 1.2), optimizer=None, **options)
                                           format=partition.NeighborListFormat.Sparse)
     adam = optax.adam(optax.exponential_decay(0.03, updates, 0.1))
     init = lj_coordinates(start[0] * LJ["sigma"], start[1] * LJ["epsilon"])
-    trainer = RelativeEntropy(init, optimizer or adam, key=seed,
-                              **dict(LJ_OPTIONS, **options))
+    trainer = relative_entropy(init, optimizer or adam, seed, dict(LJ_OPTIONS, **options))
     simulator = functools.partial(simulate.nvt_langevin, shift_fn=shift, dt=0.01,
                                   kT=kT_of(LJ["temperatures"][0]), gamma=5.0)
     for temperature in LJ["temperatures"]:

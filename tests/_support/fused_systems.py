@@ -15,7 +15,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "examples", "relative_entropy"))
 import cg_bond_and_lj as ex  # noqa: E402
 
-from chemtrain.trainers import ForceMatching, InterleaveTrainers  # noqa: E402
+from chemtrain.trainers import ForceMatching, InterleaveTrainers, RunOptions  # noqa: E402
+from run_options import with_run_options  # noqa: E402
 
 
 def labelled_frames(re_trainer, n=32, params=None):
@@ -37,9 +38,11 @@ def fused(folder, kTs=(2.56,), **options):
     data, nbrs = labelled_frames(re_trainer)
     fm = ForceMatching({"r_0": jnp.asarray(0.30), "b": jnp.asarray(1.5)}, optax.adam(0.01),
                        re_trainer.statepoints[0].fns.energy_fn_template, nbrs, batch=8,
-                       checkpoint_path=os.path.join(folder, "fm"), progress=False)
+                       checkpoint_path=os.path.join(folder, "fm"),
+                       options=RunOptions(progress=False))
     fm.set_dataset(data, "training")
-    together = InterleaveTrainers(os.path.join(folder, "fused"), progress=False, **options)
+    together = InterleaveTrainers(os.path.join(folder, "fused"),
+                                  **with_run_options(dict(options, progress=False)))
     together.add_trainer(fm, num_updates=1, name="FM")
     together.add_trainer(re_trainer, num_updates=2, name="RE")
     return together, fm, re_trainer

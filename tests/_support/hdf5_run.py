@@ -63,7 +63,7 @@ def main():
     import optax
 
     from chemtrain.data import HDF5ParallelDataLoader
-    from chemtrain.trainers import ForceMatching
+    from chemtrain.trainers import ForceMatching, RunOptions
     from problems import FIXED, lj_template_for, mlp_model
 
     with h5py.File(args.train, "r") as f:
@@ -75,8 +75,9 @@ def main():
         params, template, nbrs = mlp_model(box, R0)
         batch, gammas = FIXED["batch"], FIXED["gammas"]
     tr = ForceMatching(params, optax.chain(optax.adam(1e-3)), template, nbrs, batch=batch,
-                       parallelism=args.parallelism, gammas=gammas, progress=False,
-                       checkpoint_path=os.path.join(args.out, "ckpt"))
+                       parallelism=args.parallelism, gammas=gammas,
+                       checkpoint_path=os.path.join(args.out, "ckpt"),
+                       options=RunOptions(progress=False))
     proc = tr.strategy.process_index
     reads = []
 

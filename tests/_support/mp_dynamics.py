@@ -40,7 +40,7 @@ def wells_trainer(folder, kTs=(2.5,), lr=None, sim_batch_size=1, seed=0, prior_k
 
     from chemtrain.learn import ReuseRule, dynamics_objective, make_segment, simulation_functions
     from chemtrain.simulate import process_printouts
-    from chemtrain.trainers import Reweighting
+    from chemtrain.trainers import Reweighting, RunOptions
 
     disp, shift = space.periodic(L)
     g = (np.arange(3) + 0.5) * (L / 3)
@@ -66,8 +66,8 @@ def wells_trainer(folder, kTs=(2.5,), lr=None, sim_batch_size=1, seed=0, prior_k
     target = np.cos(np.sqrt(K_TRUE / MASS) * t)
     tr = Reweighting(dynamics_objective(), seed, params,
                      optax.adam(lr or optax.cosine_decay_schedule(0.08, 40)),
-                     reuse=ReuseRule(pool=1), progress=False, checkpoint_path=folder,
-                     sim_batch_size=sim_batch_size)
+                     reuse=ReuseRule(pool=1), sim_batch_size=sim_batch_size,
+                     options=RunOptions(progress=False, checkpoint_path=folder))
     fns = simulation_functions(template, functools.partial(
         simulate.nvt_langevin, shift_fn=shift, dt=DT, kT=float(kTs[0]), gamma=2.0),
         partition.neighbor_list(disp, L, 0.3, format=partition.NeighborListFormat.Dense),

@@ -48,7 +48,7 @@ def main():
     from chemtrain.data import HDF5ParallelDataLoader
     from chemtrain.models import EnergyTemplate
     from chemtrain.models.mace import UnknownElementError
-    from chemtrain.trainers import ForceMatching
+    from chemtrain.trainers import ForceMatching, RunOptions
     from problems import mlp_model
 
     with np.load(args.data) as z:
@@ -61,8 +61,9 @@ def main():
             raise UnknownElementError("atomic number 99 is not known to the model (test)")
 
     tr = ForceMatching(params, optax.sgd(1e-4), EnergyTemplate(template, validate_dataset=refuse),
-                       nbrs, batch=4, parallelism=args.parallelism, progress=False,
-                       checkpoint_path=os.path.join(args.out, "ckpt"))
+                       nbrs, batch=4, parallelism=args.parallelism,
+                       checkpoint_path=os.path.join(args.out, "ckpt"),
+                       options=RunOptions(progress=False))
     proc = tr.strategy.process_index
 
     def failing_now():  # the bound on ending every process counts from here

@@ -24,9 +24,10 @@ def main():
     from fused_systems import fused
     rank = MPI.COMM_WORLD.rank
     if args.disagree:
-        from chemtrain.trainers import InterleaveTrainers
+        from chemtrain.trainers import InterleaveTrainers, RunOptions
         _, fm, re_trainer = fused(os.path.join(args.out, "run"), kTs=(2.56, 3.0))
-        together = InterleaveTrainers(os.path.join(args.out, "turns"), progress=False)
+        together = InterleaveTrainers(os.path.join(args.out, "turns"),
+                                      options=RunOptions(progress=False))
         turns = [(fm, 1, "FM"), (re_trainer, 2, "RE")]   # rank 0: as fused() adds them
         if rank == 1 and args.disagree == "num_updates":
             turns = [(fm, 2, "FM"), (re_trainer, 2, "RE")]

@@ -34,7 +34,7 @@ def trainer(folder, updates=12, max_reuses=None):
 
     from chemtrain.learn import ReuseRule, simulation_functions
     from chemtrain.simulate import process_printouts
-    from chemtrain.trainers import Reweighting
+    from chemtrain.trainers import Reweighting, RunOptions
     from difftre_systems import pair_system
     from mean_energy import mean_energy_objective
 
@@ -46,9 +46,8 @@ def trainer(folder, updates=12, max_reuses=None):
             return bond(fixed)(R, neighbor=neighbor, **kwargs) + p["shift"]
         return energy
     tr = Reweighting(mean_energy_objective(), 7, {"shift": jnp.asarray(0.0)},
-                     optax.sgd(0.25), sim_batch_size=-1, reweight_ratio=0.0,
-                     reuse=ReuseRule(max_reuse_se=None, max_reuses=max_reuses), progress=False,
-                     checkpoint_path=folder)
+                     optax.sgd(0.25), sim_batch_size=-1, reuse=ReuseRule(max_reuse_se=None, max_reuses=max_reuses, reweight_ratio=0.0),
+                     options=RunOptions(progress=False, checkpoint_path=folder))
     fns = simulation_functions(template, functools.partial(
         simulate.nvt_langevin, shift_fn=shift, dt=0.01, kT=2.56, gamma=0.5),
         partition.neighbor_list(displacement, 1.0, 0.9, format=partition.NeighborListFormat.Dense),

@@ -43,7 +43,7 @@ def main():
     import optax
 
     from chemtrain.parallel import resolve
-    from chemtrain.trainers import ForceMatching
+    from chemtrain.trainers import ForceMatching, RunOptions
     from problems import FIXED, mlp_model
 
     rank = int(os.environ.get("PMI_RANK", args.process_id))
@@ -67,9 +67,9 @@ def main():
 
     opt = optax.chain(optax.adam(1e-3), anchor(float(rank) if args.rank_init else 0.0))
     tr = ForceMatching(params, opt, template, nbrs, batch=args.batch or FIXED["batch"],
-                       parallelism=args.parallelism, gammas=FIXED["gammas"], progress=False,
+                       parallelism=args.parallelism, gammas=FIXED["gammas"],
                        checkpoint_path=os.path.join(args.out, "ckpt"),
-                       consistency_check_every=5)
+                       options=RunOptions(progress=False, consistency_check_every=5))
     proc = tr.strategy.process_index
     host = {"params": tr.strategy.to_host(tr.params), "opt_state": tr.strategy.to_host(tr.opt_state)}
     flat = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_flatten_with_path(host)[0]}

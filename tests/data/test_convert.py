@@ -16,7 +16,7 @@ import pytest
 from cells_ref import LJ_GRAPHS, RC, brute_edges, lj_crystals, lj_molecules
 from chemtrain import neighbors as nb
 from chemtrain.data.convert import ConversionError, convert
-from chemtrain.trainers import ForceMatching
+from chemtrain.trainers import ForceMatching, RunOptions
 from fresh_python import run_py
 
 
@@ -59,14 +59,14 @@ def test_converter_reads_stress_and_writes_graphs(tmp_path):
     # the trainer reads it with nbrs_init=None and asks for the stress weights
     tr = ForceMatching({"sigma": jnp.asarray(0.34), "epsilon": jnp.asarray(1.0)}, optax.sgd(0.0),
                        LJ_GRAPHS, None, batch=3, parallelism="single",
-                       gammas={"U": 1.0, "stress": 1.0}, progress=False,
-                       checkpoint_path=str(tmp_path / "c"))
+                       gammas={"U": 1.0, "stress": 1.0}, checkpoint_path=str(tmp_path / "c"),
+                       options=RunOptions(progress=False))
     with pytest.raises(ValueError, match="stress_weight"):
         tr.set_loader(HDF5ParallelDataLoader(out), "testing")
     tr = ForceMatching({"sigma": jnp.asarray(0.34), "epsilon": jnp.asarray(1.0)}, optax.sgd(0.0),
                        LJ_GRAPHS, None, batch=3, parallelism="single",
                        gammas={"U": 1.0, "stress": 1.0}, weights_keys={"stress": "stress_weight"},
-                       progress=False, checkpoint_path=str(tmp_path / "c"))
+                       checkpoint_path=str(tmp_path / "c"), options=RunOptions(progress=False))
     tr.set_loader(HDF5ParallelDataLoader(out, keys=["R", "U", "F", "box", "mask", "stress",
                                                     "stress_weight", *nb.GRAPH_KEYS]), "testing")
     metrics = tr.evaluate("testing")

@@ -16,7 +16,7 @@ import mp
 from chemtrain.data import HDF5ParallelDataLoader, split_dataset
 from chemtrain.data.convert import convert
 from chemtrain.parallel import make_strategy
-from chemtrain.trainers import ForceMatching
+from chemtrain.trainers import ForceMatching, RunOptions
 from problems import FIXED, lj_fluid, mlp_problem, tree_rel_err, write_h5
 
 
@@ -33,7 +33,8 @@ def trainer(tmp_path, parallelism="single", mesh=None, **kw):
     _, params, template, nbrs = mlp_problem()
     return ForceMatching(params, optax.chain(optax.adam(1e-3)), template, nbrs,
                          batch=kw.pop("batch", FIXED["batch"]), parallelism=parallelism, mesh=mesh,
-                         gammas=FIXED["gammas"], progress=False, checkpoint_path=str(tmp_path), **kw)
+                         gammas=FIXED["gammas"], checkpoint_path=str(tmp_path), **kw,
+                         options=RunOptions(progress=False))
 
 
 @pytest.mark.parametrize("n_dev", [1, 2])

@@ -12,7 +12,7 @@ from jax_md import partition, space
 from chemtrain.data import pad_systems
 from chemtrain.learn import force_matching as fm
 from chemtrain.models import lennard_jones_template
-from chemtrain.trainers import ForceMatching
+from chemtrain.trainers import ForceMatching, RunOptions
 
 R_CUT = 0.6
 SIZES = [5, 8, 11, 6, 9, 7, 10]
@@ -108,7 +108,7 @@ def test_evaluation_metrics_exact_with_partial_last_batch(tmp_path, n_dev):
     mesh = Mesh(np.array(jax.devices()[:n_dev]), ("data",)) if n_dev > 1 else None
     tr = ForceMatching(PARAMS, optax.sgd(0.0), template(), nbrs, batch=4,
                        parallelism="jax" if mesh else "single", mesh=mesh, gammas=GAMMAS,
-                       progress=False, checkpoint_path=str(tmp_path))
+                       checkpoint_path=str(tmp_path), options=RunOptions(progress=False))
     tr.set_dataset(padded, "testing")  # 7 structures, batch 4: the last batch is padded
     m = tr.evaluate("testing")
     dU = np.array([r["U"] - s["U"] for r, s in zip(ref, sys_)])

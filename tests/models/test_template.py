@@ -15,7 +15,7 @@ from chemtrain.finetune.model import random_config
 from chemtrain.models import lennard_jones_template, mace, repulsive_template, sum_templates
 from chemtrain.models.template import check_reach
 from chemtrain.simulate import process_printouts
-from chemtrain.trainers import Difftre, ForceMatching
+from chemtrain.trainers import Difftre, ForceMatching, RunOptions
 
 BOX = 3.0
 
@@ -37,10 +37,12 @@ def test_force_matching_refuses_a_prior_reaching_past_the_list():
     with pytest.raises(ValueError, match=r"ForceMatching: the energy model reaches 1.2 nm, but the "
                                          r"neighbor list holds pairs only up to 0.9 nm.*at least "
                                          r"1.2 nm"):
-        ForceMatching(params, optax.adam(1e-3), model, short, batch=1, parallelism="single", progress=False)
+        ForceMatching(params, optax.adam(1e-3), model, short, batch=1, parallelism="single",
+                      options=RunOptions(progress=False))
     enough = partition.neighbor_list(displacement, BOX, 1.2,
                                      format=partition.NeighborListFormat.Sparse).allocate(R)
-    ForceMatching(params, optax.adam(1e-3), model, enough, batch=1, parallelism="single", progress=False)
+    ForceMatching(params, optax.adam(1e-3), model, enough, batch=1, parallelism="single",
+                  options=RunOptions(progress=False))
 
 
 def test_mace_range_and_free_space_against_the_list():
@@ -70,7 +72,8 @@ def test_mace_range_and_free_space_against_the_list():
 def test_difftre_refuses_a_model_reaching_past_the_list(tmp_path):
     displacement, shift = space.periodic(BOX)
     trainer = Difftre({"sigma": jnp.asarray(0.34), "epsilon": jnp.asarray(0.99)},
-                      optax.adam(1e-3), progress=False, checkpoint_path=str(tmp_path))
+                      optax.adam(1e-3), checkpoint_path=str(tmp_path),
+                      options=RunOptions(progress=False))
     with pytest.raises(ValueError, match=r"State point 0: the energy model reaches 0.9 nm, but the "
                                          r"neighbor list holds pairs only up to 0.5 nm"):
         trainer.add_statepoint(
@@ -100,7 +103,8 @@ def test_difftre_reference_state_in_angstrom_is_named(tmp_path):
     potential or the time step'."""
     displacement, _ = space.periodic(BOX)
     trainer = Difftre({"sigma": jnp.asarray(0.34), "epsilon": jnp.asarray(0.99)},
-                      optax.adam(1e-3), progress=False, checkpoint_path=str(tmp_path))
+                      optax.adam(1e-3), checkpoint_path=str(tmp_path),
+                      options=RunOptions(progress=False))
     with pytest.raises(ValueError, match=r"State point 0: the reference state spans .* box "
                                          r"lengths\): positions in other units than the model's "
                                          r"\(Å for nm: divide by 10\)"):
@@ -112,7 +116,8 @@ def test_mace_species_of_the_wrong_shape_are_named(tmp_path):
     cfg = random_config([18], 10.0, 1.0, num_channels=4, r_max=4.0, radial_MLP=[8])
     displacement, _ = space.periodic(BOX)
     trainer = Difftre(mace.init_params(cfg, __import__("jax").random.PRNGKey(0)),
-                      optax.adam(1e-3), progress=False, checkpoint_path=str(tmp_path))
+                      optax.adam(1e-3), checkpoint_path=str(tmp_path),
+                      options=RunOptions(progress=False))
     with pytest.raises(ValueError, match=r"State point 0: state_kwargs\['species'\] has shape "
                                          r"\(1, 26\), but the reference state has 27 particles; "
                                          r"give one value per particle, shape \(27,\)"):

@@ -13,7 +13,7 @@ from jax_md import partition, space
 from cells_ref import brute_edges, lj_data
 from chemtrain import neighbors as nb
 from chemtrain.models import lennard_jones_template
-from chemtrain.trainers import ForceMatching
+from chemtrain.trainers import ForceMatching, RunOptions
 
 
 # ------------------------------------------------------------- host graphs
@@ -110,7 +110,7 @@ def test_small_cell_with_jax_md_list_is_refused(tmp_path):
     assert nb.list_cutoff(nbrs) == pytest.approx(0.4)
     tr = ForceMatching({"sigma": 0.3, "epsilon": 1.0}, optax.sgd(1e-3),
                        lennard_jones_template(disp, 0.4), nbrs, batch=2, parallelism="single",
-                       progress=False, checkpoint_path=str(tmp_path))
+                       checkpoint_path=str(tmp_path), options=RunOptions(progress=False))
     with pytest.raises(nb.SmallCellError, match=r"structure\(s\), first \[0, 1, 2, 3\]\) has "
                                                  r"perpendicular widths \[0\.5 +0\.5 +0\.5\] nm"):
         tr.set_datasets(lj_data(), train_ratio=1.0, val_ratio=0.0)

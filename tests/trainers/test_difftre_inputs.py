@@ -16,7 +16,7 @@ from chemtrain.checkpoint import CheckpointError
 from chemtrain.models.pair import harmonic_bond_template, lennard_jones_template
 from chemtrain.neighbors import SmallCellError
 from chemtrain.simulate import process_printouts
-from chemtrain.trainers import TrainingError
+from chemtrain.trainers import TrainingError, RunOptions
 from chemtrain.trainers.difftre import Difftre, DifftreParallel
 from difftre_systems import bonded_pair, bonded_pair_args, pair_system, update_recorder
 
@@ -312,7 +312,8 @@ def test_adf_with_too_few_neighbor_slots_is_diagnosed(tmp_path):
 def test_difftre_upstream_style_seed_and_args():
     """Difftre (upstream's add_statepoint style) takes the same checks."""
     args = bonded_pair_args(1)
-    trainer = Difftre(args["init_params"], optax.sgd(0.1), key=0, progress=False)
+    trainer = Difftre(args["init_params"], optax.sgd(0.1), key=0,
+                      options=RunOptions(progress=False))
     with pytest.raises(ValueError, match="dt=0.02 ps"):
         trainer.add_statepoint(args["energy_fn_template"],
                                functools.partial(args["simulator_template"], dt=0.02),
@@ -369,9 +370,11 @@ def test_force_matching_optimizer_pieces_are_refused(piece, tmp_path):
     with pytest.raises(ValueError, match="DifftreParallel: the " + match):
         lj8(optimizer=opt, checkpoint_path=str(tmp_path / "a"))
     with pytest.raises(ValueError, match="Difftre: the " + match):
-        Difftre(params, opt, progress=False, checkpoint_path=str(tmp_path / "b"))
+        Difftre(params, opt, checkpoint_path=str(tmp_path / "b"),
+                options=RunOptions(progress=False))
     with pytest.raises(ValueError, match="RelativeEntropy: the " + match):
-        RelativeEntropy(params, opt, progress=False, checkpoint_path=str(tmp_path / "c"))
+        RelativeEntropy(params, opt, checkpoint_path=str(tmp_path / "c"),
+                        options=RunOptions(progress=False))
     with pytest.raises(ValueError, match=match):
-        Reweighting(mean_energy_objective(), 0, params, opt, progress=False,
-                    checkpoint_path=str(tmp_path / "d"))
+        Reweighting(mean_energy_objective(), 0, params, opt,
+                    options=RunOptions(progress=False, checkpoint_path=str(tmp_path / "d")))

@@ -30,9 +30,10 @@ from chemtrain.learn import ReuseRule, StepSizeSearch
 from chemtrain.simulate import (NeighborListOverflowError, RestartPolicy, make_trajectory, process_printouts,
                                 run_with_restart)
 from chemtrain.trainers.difftre import Difftre, DifftreParallel
-from chemtrain.trainers import TrainingError
+from chemtrain.trainers import TrainingError, RunOptions
 from chemtrain.units import kT as thermal_energy
 from difftre_systems import analytic_rdf, bonded_pair, pair_rdf
+from run_options import with_run_options
 
 N, DENSITY, SIGMA, EPSILON, MASS, R_CUT = 128, 21.0, 0.34, 0.99, 39.95, 0.9
 BOX = (N / DENSITY) ** (1 / 3)
@@ -110,8 +111,8 @@ def lj_trainer(lj, params, targets, seed, timings=None, **kwargs):
         timings or process_printouts(DT, 11.0, 1.0, 0.1),   # 100 snapshots, 1100 steps
         {"kT": np.array([KT]), "mass": np.array([MASS])}, lj["quantities"],
         {k: dict(v, target=np.asarray(v["target"])[None]) for k, v in targets.items()},
-        reference_states=lj["R0"][None], reweight_ratio=0.9, progress=False,
-        plot_x={"rdf": np.asarray(RDF.bin_centers)}, **kwargs)
+        reference_states=lj["R0"][None], reweight_ratio=0.9, **with_run_options(dict(
+            progress=False, plot_x={"rdf": np.asarray(RDF.bin_centers)}, **kwargs)))
 
 
 def check_recompute_rule(trainer):
@@ -241,8 +242,9 @@ def _upstream_two_particle_test(tmp_path, seed, **options):
     optimizer = optax.chain(optax.scale_by_rms(0.9),
                             optax.scale_by_schedule(optax.exponential_decay(-0.05, 300, 0.1)))
     trainer = Difftre({"r_0": jnp.asarray(0.3), "scaled_b": jnp.asarray(1.5)}, optimizer,
-                      reweight_ratio=0.99, progress=False, checkpoint_path=str(tmp_path),
-                      key=jax.random.PRNGKey(seed), **options)
+                      reweight_ratio=0.99, checkpoint_path=str(tmp_path),
+                      key=jax.random.PRNGKey(seed),
+                      **with_run_options(dict(options, progress=False)))
     r_init = np.array([[0.0, 0.0, 0.0], [0.11, 0.09, 0.12]])
     trainer.add_statepoint(
         template, functools.partial(simulate.nvt_langevin, shift_fn=shift, dt=0.01, kT=2.56,
@@ -357,7 +359,8 @@ def test_neighbor_overflow_without_retries_names_the_state_point(lj):
         lj_template(lj["displacement"], EPSILON), lj["simulator"], tight,
         process_printouts(DT, 1.0, 0.5, 0.1), {"kT": np.array([KT]), "mass": np.array([MASS])},
         lj["quantities"], {"rdf": {"target": lj["rdf"][None]}},
-        reference_states=lattice()[None], restart=RestartPolicy(max_retries=0), progress=False)
+        reference_states=lattice()[None], restart=RestartPolicy(max_retries=0),
+                              options=RunOptions(progress=False))
     before = np.asarray(trainer.params["log_sigma"])
     with pytest.raises(NeighborListOverflowError, match="state point 0.*max_neighbor_retries=0"):
         trainer.initialize_trajstates()
@@ -385,7 +388,7 @@ def test_bad_input_is_a_clear_error():
     assert pair.strategy.name == "single"  # 'auto' in one process, 4 CPU devices visible
     with pytest.raises(RuntimeError, match="initialize_trajstates"):
         pair.train(1)
-    trainer = Difftre(pair.params, optax.sgd(0.1), progress=False)
+    trainer = Difftre(pair.params, optax.sgd(0.1), options=RunOptions(progress=False))
     with pytest.raises(ValueError, match="'kT'"):
         trainer.add_statepoint(pair.statepoints[0].fns.energy_fn_template, None, None,
                                process_printouts(0.01, 1.0, 0.0, 0.1), {"mass": 1.0},

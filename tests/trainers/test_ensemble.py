@@ -15,7 +15,7 @@ import pytest
 import ensemble_problem as ep
 import mp
 from chemtrain.models import init_pair_mlp
-from chemtrain.trainers import EnsembleOfModels, ForceMatching
+from chemtrain.trainers import EnsembleOfModels, ForceMatching, RunOptions
 from ensemble_problem import BATCH, EPOCHS, GAMMAS, K, members
 
 SCRIPT = os.path.join(mp.HERE, "mp_ensemble.py")
@@ -33,8 +33,9 @@ def _committee(problem, tmp_path, bootstrap=False, **kw):
 def _single(setup, tmp_path, k, data):
     _, test, template, nbrs = setup
     tr = ForceMatching(members()[k], optax.adam(1e-3), template, nbrs, batch=BATCH,
-                       gammas=GAMMAS, seed=ep.SEED + k, progress=False, parallelism="single",
-                       checkpoint_path=str(tmp_path / f"one{k}"))
+                       gammas=GAMMAS, seed=ep.SEED + k, parallelism="single",
+                       checkpoint_path=str(tmp_path / f"one{k}"),
+                       options=RunOptions(progress=False))
     tr.set_dataset(data, "training")
     tr.train(EPOCHS)
     return tr

@@ -12,7 +12,7 @@ from jax.sharding import Mesh
 
 from builders import build
 from chemtrain.checkpoint import CheckpointError
-from chemtrain.trainers import ForceMatching, TrainingError
+from chemtrain.trainers import ForceMatching, TrainingError, RunOptions
 from problems import adam, mlp_problem
 
 
@@ -104,7 +104,8 @@ def test_neighbor_overflow_stops_with_last_good_state(tmp_path):
     # a neighbor list with room for 10 edges overflows on every fluid frame
     small = nbrs.set(idx=nbrs.idx[:, :10], max_occupancy=10)
     tr = ForceMatching(params, adam(), template, small, batch=4,
-                       parallelism="single", progress=False, checkpoint_path=str(tmp_path))
+                       parallelism="single", checkpoint_path=str(tmp_path),
+                       options=RunOptions(progress=False))
     tr.set_datasets(data, train_ratio=0.5)
     with pytest.raises(TrainingError, match="neighbor list overflowed"):
         tr.train(1)
@@ -129,7 +130,7 @@ def test_non_finite_loss_mid_epoch_keeps_applied_steps(tmp_path):
         return lambda R, neighbor, **kw: jnp.where(bad, jnp.nan, energy(R, neighbor, **kw))
 
     tr = ForceMatching(params, optax.sgd(1e-3), poisoned, nbrs, batch=4, parallelism="single",
-                       progress=False, checkpoint_path=str(tmp_path))
+                       checkpoint_path=str(tmp_path), options=RunOptions(progress=False))
     tr.set_datasets(data, train_ratio=1.0, val_ratio=0.0)
     with pytest.raises(TrainingError, match="The loss is nan") as info:
         tr.train(5)
@@ -156,7 +157,7 @@ def test_jax_md_energy_with_nan_parameter_gradient_is_named(tmp_path):
                                                   epsilon=p["epsilon"], r_cutoff=0.5)[1]
     params = {"sigma": jnp.asarray(0.33), "epsilon": jnp.asarray(1.0)}
     tr = ForceMatching(params, optax.sgd(1e-6), template, nbrs, batch=4, parallelism="single",
-                       progress=False, checkpoint_path=str(tmp_path))
+                       checkpoint_path=str(tmp_path), options=RunOptions(progress=False))
     tr.set_datasets(data, train_ratio=1.0, val_ratio=0.0)
     with pytest.raises(TrainingError, match=r"gradient finite: False.*Likely cause: The energy's "
                                             r"gradient .* NaN on a neighbor list with padding.*"

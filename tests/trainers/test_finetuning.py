@@ -11,7 +11,7 @@ import pytest
 from chemtrain.learn import optimizers
 from chemtrain.learn.losses import huber
 from chemtrain.models import freeze
-from chemtrain.trainers import ForceMatching
+from chemtrain.trainers import ForceMatching, RunOptions
 from problems import FIXED, mlp_problem
 
 GAMMAS = {"U": 1e-3, "F": 1.0}
@@ -20,7 +20,8 @@ GAMMAS = {"U": 1e-3, "F": 1.0}
 def trainer(tmp_path, optimizer, name="run", **kw):
     data, params, template, nbrs = mlp_problem()
     tr = ForceMatching(params, optimizer, template, nbrs, batch=4, parallelism="single",
-                       gammas=GAMMAS, checkpoint_path=str(tmp_path / name), progress=False, **kw)
+                       gammas=GAMMAS, checkpoint_path=str(tmp_path / name), **kw,
+                       options=RunOptions(progress=False))
     tr.set_datasets(data, train_ratio=FIXED["train_ratio"], val_ratio=FIXED["val_ratio"])
     return tr
 

@@ -8,7 +8,7 @@ import optax
 import pytest
 from jax.sharding import Mesh
 
-from chemtrain.trainers import ForceMatching
+from chemtrain.trainers import ForceMatching, RunOptions
 from problems import FIXED, adam, lj_problem, mlp_problem, rel_err, tree_rel_err
 
 
@@ -16,7 +16,7 @@ def make_trainer(tmp_path, parallelism="single", mesh=None, batch=8, **kw):
     data, params, template, nbrs = mlp_problem()
     tr = ForceMatching(params, kw.pop("optimizer", adam()), template, nbrs, batch=batch,
                        parallelism=parallelism, mesh=mesh, checkpoint_path=str(tmp_path / "ckpt"),
-                       progress=False, **kw)
+                       **kw, options=RunOptions(progress=False))
     tr.set_datasets(data, train_ratio=FIXED["train_ratio"], val_ratio=FIXED["val_ratio"])
     return tr
 
@@ -105,8 +105,8 @@ def test_recovers_lennard_jones_parameters(tmp_path):
     # full-batch L-BFGS (fixed step): noise-free data has its exact minimum at `true`
     opt = optax.lbfgs(learning_rate=0.5, linesearch=None)
     tr = ForceMatching(init, opt, template, nbrs, batch=48, parallelism="single",
-                       gammas={"U": 1e-2, "F": 1.0}, progress=False,
-                       checkpoint_path=str(tmp_path))
+                       gammas={"U": 1e-2, "F": 1.0}, checkpoint_path=str(tmp_path),
+                       options=RunOptions(progress=False))
     tr.set_datasets(data, train_ratio=1.0, val_ratio=0.0)
     tr.train(100)
     assert tr.train_losses[-1] < 1e-6 * tr.train_losses[0]

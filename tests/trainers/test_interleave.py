@@ -96,7 +96,7 @@ def fm_and_difftre(folder):
     import optax
     from difftre_systems import bonded_pair_args
     from chemtrain.simulate.langevin import label_frames
-    from chemtrain.trainers import DifftreParallel, ForceMatching, InterleaveTrainers
+    from chemtrain.trainers import DifftreParallel, ForceMatching, InterleaveTrainers, RunOptions
     args = bonded_pair_args(1, checkpoint_path=os.path.join(folder, "difftre"))
     difftre = DifftreParallel(**args)
     difftre.initialize_trajstates()
@@ -109,9 +109,10 @@ def fm_and_difftre(folder):
                         args["neighbor_fn"], R)
     fm = ForceMatching(args["init_params"], optax.adam(0.01), template,
                        args["neighbor_fn"].allocate(jnp.asarray(R[0])), batch=8,
-                       checkpoint_path=os.path.join(folder, "fm"), progress=False)
+                       checkpoint_path=os.path.join(folder, "fm"),
+                       options=RunOptions(progress=False))
     fm.set_dataset(data, "training")
-    together = InterleaveTrainers(os.path.join(folder, "fused"), progress=False)
+    together = InterleaveTrainers(os.path.join(folder, "fused"), options=RunOptions(progress=False))
     together.add_trainer(fm, num_updates=1, name="FM")
     together.add_trainer(difftre, num_updates=1, name="DiffTRe")
     return together, fm, difftre

@@ -12,7 +12,7 @@ import pytest
 
 import mp
 from chemtrain.checkpoint import CheckpointError
-from chemtrain.trainers import InterleaveTrainers
+from chemtrain.trainers import InterleaveTrainers, RunOptions
 from fused_systems import fused
 
 
@@ -44,7 +44,7 @@ def digest(folder):
 
 
 def test_train_before_add_trainer_is_a_clear_error(tmp_path):
-    empty = InterleaveTrainers(str(tmp_path / "f"), progress=False)
+    empty = InterleaveTrainers(str(tmp_path / "f"), options=RunOptions(progress=False))
     with pytest.raises(RuntimeError, match=r"add_trainer"):
         empty.train(1)
     with pytest.raises(RuntimeError, match=r"add_trainer"):
@@ -62,7 +62,7 @@ def test_add_trainer_takes_only_trainers(tmp_path):
 
         def train(self, max_epochs, checkpoint_freq=None):
             pass
-    fused = InterleaveTrainers(str(tmp_path / "f"), progress=False)
+    fused = InterleaveTrainers(str(tmp_path / "f"), options=RunOptions(progress=False))
     with pytest.raises(TypeError, match=r"Trainer protocol\); Half has no 'save_checkpoint'"):
         fused.add_trainer(Half())
     assert missing_members(Half()) == ["save_checkpoint", "restore", "strategy", "store"]
@@ -201,9 +201,10 @@ def test_a_failed_turn_names_whose_parameters_it_started_from(tmp_path):
     data, nbrs = labelled_frames(re_trainer)
     bad = ForceMatching(fm.params, optax.scale(float("nan")),
                         re_trainer.statepoints[0].fns.energy_fn_template, nbrs, batch=8,
-                        checkpoint_path=str(tmp_path / "a" / "bad_fm"), progress=False)
+                        checkpoint_path=str(tmp_path / "a" / "bad_fm"),
+                        options=RunOptions(progress=False))
     bad.set_dataset(data, "training")
-    first = InterleaveTrainers(str(tmp_path / "a" / "f"), progress=False)
+    first = InterleaveTrainers(str(tmp_path / "a" / "f"), options=RunOptions(progress=False))
     first.add_trainer(bad, 1, "FM")
     first.add_trainer(re_trainer, 1, "RE")
     with pytest.raises(TrainingError, match=r"optimizer's update gives non-finite parameters or "
@@ -217,9 +218,10 @@ def test_a_failed_turn_names_whose_parameters_it_started_from(tmp_path):
                                 optimizer=optax.chain(optax.scale(1e200), optax.adam(1e-3)),
                                 checkpoint_path=str(tmp_path / "b" / "re"), sim_batch_size=-1)
     good = ForceMatching(fm.params, optax.adam(0.01), re_bad.statepoints[0].fns.energy_fn_template,
-                         nbrs, batch=8, checkpoint_path=str(tmp_path / "b" / "fm"), progress=False)
+                         nbrs, batch=8, checkpoint_path=str(tmp_path / "b" / "fm"),
+                         options=RunOptions(progress=False))
     good.set_dataset(data, "training")
-    second = InterleaveTrainers(str(tmp_path / "b" / "f"), progress=False)
+    second = InterleaveTrainers(str(tmp_path / "b" / "f"), options=RunOptions(progress=False))
     second.add_trainer(good, 1, "FM")
     second.add_trainer(re_bad, 1, "RE")
     with pytest.raises(TrainingError, match=r"optimizer state in update 0") as e:

@@ -14,7 +14,7 @@ from jax_md import partition, simulate, space
 
 from chemtrain.models.pair import harmonic_bond_template
 from chemtrain.simulate import process_printouts
-from chemtrain.trainers import RelativeEntropy
+from chemtrain.trainers import RelativeEntropy, RunOptions
 from paths import EXAMPLES
 
 
@@ -31,8 +31,8 @@ def test_npt_simulator_is_refused_before_sampling(tmp_path):
                                   pressure=0.06, kT=2.56)
     frames = np.random.default_rng(0).random((20, 2 * molecules, 3))   # fractional
     trainer = RelativeEntropy({"r_0": jnp.asarray(0.3), "b": jnp.asarray(1.5)},
-                              optax.adam(1e-3), progress=False,
-                              checkpoint_path=str(tmp_path / "ck"))
+                              optax.adam(1e-3), checkpoint_path=str(tmp_path / "ck"),
+                              options=RunOptions(progress=False))
     with pytest.raises(ValueError, match=r"assumes a fixed box \(NVT\); the simulator gives NPT "
                                          r"states\. Use an NVT simulator"):
         trainer.add_statepoint(frames, template, simulator, neighbor_fn,

@@ -27,13 +27,11 @@ def test_policies_take_values_true_or_none():
 
 
 def test_arguments_are_checked_by_kind():
-    check_arguments(_objective(), optax.sgd(0.1), None)
+    check_arguments(_objective(), optax.sgd(0.1))
     with pytest.raises(TypeError, match="chemtrain.learn.Objective, got dict"):
-        check_arguments({}, optax.sgd(0.1), None)
+        check_arguments({}, optax.sgd(0.1))
     with pytest.raises(TypeError, match="optax.GradientTransformation, got function"):
-        check_arguments(_objective(), lambda g: g, None)
-    with pytest.raises(TypeError, match="on_update must be a function.*got int"):
-        check_arguments(_objective(), optax.sgd(0.1), 1)
+        check_arguments(_objective(), lambda g: g)
 
 
 def test_reuse_counts_of_an_older_state_are_zero():

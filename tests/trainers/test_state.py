@@ -16,7 +16,7 @@ import problems
 from difftre_systems import bonded_pair
 from legacy import FM_SETUP, difftre_setup
 from chemtrain import checkpoint as ckpt
-from chemtrain.trainers import ForceMatching
+from chemtrain.trainers import ForceMatching, RunOptions
 from chemtrain.trainers.state import DifftreState, FMState
 
 from paths import FILES as DATA  # noqa: E402
@@ -92,8 +92,8 @@ def test_growing_logs_leave_the_tree_structure_alone():
 def _fm(tmp_path, name):
     data, params, template, nbrs = problems.mlp_problem(n_frames=FM_SETUP["n_frames"])
     tr = ForceMatching(params, problems.adam(), template, nbrs, batch=FM_SETUP["batch"],
-                       parallelism="single", checkpoint_path=str(tmp_path / name), progress=False,
-                       seed=FM_SETUP["seed"])
+                       parallelism="single", checkpoint_path=str(tmp_path / name),
+                       seed=FM_SETUP["seed"], options=RunOptions(progress=False))
     tr.set_datasets(data, train_ratio=FM_SETUP["train_ratio"], val_ratio=FM_SETUP["val_ratio"])
     return tr
 

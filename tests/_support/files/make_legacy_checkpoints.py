@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(HERE))   # tests/_support
 
 import problems  # noqa: E402
 from difftre_systems import bonded_pair  # noqa: E402
-from chemtrain.trainers import ForceMatching  # noqa: E402
+from chemtrain.trainers import ForceMatching, RunOptions  # noqa: E402
 from legacy import FM_SETUP, difftre_setup  # noqa: E402
 
 
@@ -25,7 +25,7 @@ def main():
     data, params, template, nbrs = problems.mlp_problem(n_frames=FM_SETUP["n_frames"])
     tr = ForceMatching(params, problems.adam(), template, nbrs, batch=FM_SETUP["batch"],
                        parallelism="single", checkpoint_path=os.path.join(HERE, "tmp"),
-                       progress=False, seed=FM_SETUP["seed"])
+                       seed=FM_SETUP["seed"], options=RunOptions(progress=False))
     tr.set_datasets(data, train_ratio=FM_SETUP["train_ratio"], val_ratio=FM_SETUP["val_ratio"])
     tr.train(1)
     tr.save_checkpoint(os.path.join(HERE, "force_matching_v1.npz"))

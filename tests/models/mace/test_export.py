@@ -66,7 +66,7 @@ def finetune_data(calc, n, seed):
 def test_finetuned_model_exports_and_matches(models, tmp_path):
     import optax
     from jax_md import partition, space
-    from chemtrain.trainers import ForceMatching
+    from chemtrain.trainers import ForceMatching, RunOptions
     m = models("small")
     cfg, params = m["cfg"], m["params"]
     rng = np.random.default_rng(0)
@@ -77,7 +77,8 @@ def test_finetuned_model_exports_and_matches(models, tmp_path):
                                    disable_cell_list=True, capacity_multiplier=1.0).allocate(
         jnp.asarray(data["R"][0]), extra_capacity=N_ATOMS * (N_ATOMS - 1))
     tr = ForceMatching(params, optax.adam(3e-3), cm.energy_fn_template(cfg, disp), nbrs, batch=2,
-                       parallelism="single", progress=False, checkpoint_path=str(tmp_path))
+                       parallelism="single", checkpoint_path=str(tmp_path),
+                       options=RunOptions(progress=False))
     tr.set_datasets(data, train_ratio=4 / 6, val_ratio=0.0)
     tr.train(1)
     assert tr.step == 2

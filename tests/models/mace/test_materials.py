@@ -22,7 +22,7 @@ from chemtrain import neighbors as nb
 from chemtrain import units
 from chemtrain.learn import force_matching as fm
 from chemtrain.models import lennard_jones_template
-from chemtrain.trainers import ForceMatching
+from chemtrain.trainers import ForceMatching, RunOptions
 
 EV = units.EV_TO_KJ_PER_MOL
 STRESS = EV / units.ANGSTROM_TO_NM ** 3          # eV/A^3 -> kJ/mol/nm^3
@@ -125,7 +125,7 @@ def test_graph_mode_errors(tmp_path):
     data = lj_data()
     tr = ForceMatching({"sigma": 0.3, "epsilon": 1.0}, optax.sgd(1e-3),
                        lennard_jones_template(disp, 0.4), None, batch=2, parallelism="single",
-                       progress=False, checkpoint_path=str(tmp_path))
+                       checkpoint_path=str(tmp_path), options=RunOptions(progress=False))
     with pytest.raises(ValueError, match=r"nbrs_init is None, so dataset must carry precomputed "
                                          r"graphs \('senders', 'receivers', 'shifts'\)"):
         tr.set_datasets(data, train_ratio=1.0, val_ratio=0.0)
@@ -140,7 +140,8 @@ def test_graph_mode_errors(tmp_path):
     def idx_template(params):
         return lambda R, neighbor, **kw: params["sigma"] * jnp.sum(neighbor.idx < R.shape[0])
     tr = ForceMatching({"sigma": 0.3}, optax.sgd(1e-3), idx_template, None, batch=2,
-                       parallelism="single", progress=False, checkpoint_path=str(tmp_path / "i"))
+                       parallelism="single", checkpoint_path=str(tmp_path / "i"),
+                       options=RunOptions(progress=False))
     tr.set_datasets(graphs, train_ratio=1.0, val_ratio=0.0)
     with pytest.raises(TypeError, match="reads neighbor.idx.*edge_vectors"):
         tr.train(1)
@@ -207,8 +208,8 @@ def test_lj_crystal_stress_training_recovers_parameters(tmp_path, gammas):
                        optax.lbfgs(learning_rate=1.0, linesearch=None),
                        LJ_GRAPHS, None, batch=12,
                        parallelism="single", gammas=gammas,
-                       weights_keys={"stress": "stress_weight"}, progress=False,
-                       checkpoint_path=str(tmp_path))
+                       weights_keys={"stress": "stress_weight"}, checkpoint_path=str(tmp_path),
+                       options=RunOptions(progress=False))
     tr.set_datasets(data, train_ratio=1.0, val_ratio=0.0)
     before = tr.evaluate("training")
     tr.train(40)
@@ -253,8 +254,9 @@ def test_graphs_on_two_devices_equal_one(tmp_path):
         tr = ForceMatching({"sigma": jnp.asarray(0.33), "epsilon": jnp.asarray(1.1)},
                            optax.sgd(1e-9), LJ_GRAPHS, None, batch=4,
                            parallelism=parallelism, mesh=mesh, gammas={"F": 1.0, "stress": 1e-4},
-                           weights_keys={"stress": "stress_weight"}, progress=False,
-                           checkpoint_path=str(tmp_path / parallelism))
+                           weights_keys={"stress": "stress_weight"},
+                           checkpoint_path=str(tmp_path / parallelism),
+                           options=RunOptions(progress=False))
         tr.set_datasets(data, train_ratio=1.0, val_ratio=0.0)
         tr.train(1)
         params[parallelism] = {k: float(v) for k, v in tr.params.items()}

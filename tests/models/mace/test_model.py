@@ -314,13 +314,13 @@ def test_unsupported_variant_named(tmp_path):
 
 def test_unknown_element_in_dataset(torch_models, tmp_path):
     import optax
-    from chemtrain.trainers import ForceMatching
+    from chemtrain.trainers import ForceMatching, RunOptions
     cfg, params = cm.load_mace_torch(torch_models("small"), trusted=True)
     data, nbrs, template = finetune_data(cfg, n=8, seed=5)
     data["U"], data["F"] = np.zeros(8), np.zeros_like(data["R"])
     data["species"][3, 2] = 9  # fluorine: not one of H, C, N, O
     tr = ForceMatching(params, optax.adam(1e-3), template, nbrs, batch=2, parallelism="single",
-                       progress=False, checkpoint_path=str(tmp_path))
+                       checkpoint_path=str(tmp_path), options=RunOptions(progress=False))
     with pytest.raises(cm.UnknownElementError, match=r"atomic numbers 9 \(F\) .*\[1, 6, 7, 8\]"):
         tr.set_datasets(data, train_ratio=0.5)
     no_species = {k: v for k, v in data.items() if k != "species"}
@@ -403,10 +403,11 @@ def finetune_problem(tmp_path_factory):
 
 
 def finetune_trainer(problem, optimizer, parallelism, path, mesh=None):
-    from chemtrain.trainers import ForceMatching
+    from chemtrain.trainers import ForceMatching, RunOptions
     cfg, params, data, nbrs, template, gammas = problem
     tr = ForceMatching(params, optimizer, template, nbrs, batch=4, parallelism=parallelism,
-                       mesh=mesh, gammas=gammas, progress=False, checkpoint_path=str(path))
+                       mesh=mesh, gammas=gammas, checkpoint_path=str(path),
+                       options=RunOptions(progress=False))
     tr.set_datasets(data, train_ratio=20 / 24, val_ratio=0.0)  # 5 steps per epoch, 4 unseen
     return tr
 
