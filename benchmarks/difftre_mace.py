@@ -92,7 +92,7 @@ def build(snapshots: int, stride: int = 10):
 
 def gradient_fn(system, method: str, vmap_batch):
     import jax
-    from chemtrain.learn import difftre as dt
+    from chemtrain.learn import reweighting as dt
     from chemtrain.learn.difftre_grad import make_value_and_grad
     args = (system["template"], system["quantities"], system["targets"])
     opts = dict(vmap_batch=vmap_batch, fixed=("rdf",))
@@ -104,7 +104,7 @@ def gradient_fn(system, method: str, vmap_batch):
 def measure(method: str, vmap_batch, snapshots: int, timing: bool, stride: int = 10) -> dict:
     import jax
     import jax.numpy as jnp
-    from chemtrain.learn import difftre as dt
+    from chemtrain.learn import reweighting as dt
     system = build(snapshots, stride)
     traj, kw = system["traj"], system["kw"]
     chains = [(traj.snapshots, traj.nbrs)]

@@ -1,7 +1,7 @@
 """The DiffTRe gradient of one state point in memory that grows with
 ``vmap_batch``, not with the number of snapshots.
 
-``jax.value_and_grad`` of :func:`chemtrain.learn.difftre.make_statepoint_loss`
+``jax.value_and_grad`` of :func:`chemtrain.learn.reweighting.make_statepoint_loss`
 keeps the reverse-mode residuals of every snapshot until the backward pass:
 for a neural potential, gigabytes per thousand snapshots. But the loss
 depends on the parameters only through each snapshot's energy ``U_i`` and
@@ -25,7 +25,7 @@ from typing import Callable, Mapping
 import jax
 import jax.numpy as jnp
 
-from . import difftre as reweight
+from . import reweighting as reweight
 
 
 def make_value_and_grad(energy_fn_template: Callable, quantities: Mapping, targets: Mapping,
@@ -34,7 +34,7 @@ def make_value_and_grad(energy_fn_template: Callable, quantities: Mapping, targe
     """Return ``value_and_grad(params, chains, U_ref, target_values,
     state_kwargs, fixed_values=None) -> ((loss, aux), grad)``: what
     ``jax.value_and_grad(loss, has_aux=True)`` of
-    :func:`~chemtrain.learn.difftre.make_statepoint_loss` (same arguments)
+    :func:`~chemtrain.learn.reweighting.make_statepoint_loss` (same arguments)
     returns, with peak memory set by ``vmap_batch`` snapshots (None: all at
     once)."""
     observables = reweight.resolve_observables(targets, quantities, observables,

@@ -7,7 +7,7 @@ the loss and gradient (:func:`chemtrain.learn.difftre_grad.make_value_and_grad`)
 and the evaluation of the quantities that ignore the potential (RDF, ADF,
 density), which the loop computes once per trajectory (``derive``). Which
 quantities those are is found while the functions are traced
-(:func:`chemtrain.learn.difftre.potential_dependent`), so nothing is decided
+(:func:`chemtrain.learn.reweighting.potential_dependent`), so nothing is decided
 or compiled before the first trajectory exists and nothing changes after.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from ..models.template import check_reach
-from . import difftre as reweight
+from . import reweighting as reweight
 from .difftre_checks import check_reference_span, check_statepoint
 from .difftre_grad import make_value_and_grad
 from .update import chains_of, energies_of

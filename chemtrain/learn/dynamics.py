@@ -42,7 +42,7 @@ import jax.numpy as jnp
 
 from ..ensemble import ENSEMBLE_KEYS, volume
 from ..quantity import dynamics as dq
-from . import difftre as reweight
+from . import reweighting as reweight
 
 
 def block_size(n_steps: int) -> int:

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 def effective_sample_size(weights):
     """N_eff = exp(-sum_i w_i ln w_i) of normalised weights over the last
     axis (N for uniform weights, 1 when one snapshot carries all the
-    weight); :mod:`chemtrain.learn.difftre` re-exports it."""
+    weight); :mod:`chemtrain.learn.reweighting` re-exports it."""
     w = jnp.asarray(weights)
     safe = jnp.where(w > 0, w, 1.0)
     return jnp.exp(-jnp.sum(jnp.where(w > 0, w * jnp.log(safe), 0.0), axis=-1))

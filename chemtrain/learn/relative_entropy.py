@@ -7,7 +7,7 @@ beta = 1/kT) from the mapped reference ensemble is
 
 so its gradient is ``beta (<dU/dtheta>_ref - <dU/dtheta>_theta)``. The
 model average comes from stored snapshots of a trajectory, reweighted to
-theta with the DiffTRe weights of :mod:`chemtrain.learn.difftre`; the
+theta with the DiffTRe weights of :mod:`chemtrain.learn.reweighting`; the
 reference average from a batch of reference configurations. Differentiating
 
     beta mean_b U_theta(R_b) - beta sum_i stop_gradient(w_i) U_theta(R_i)
@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..ensemble import energy_kwargs, is_npt
-from . import difftre as reweight
+from . import reweighting as reweight
 from .difftre_objective import check_first_configuration
 from .objective import Objective
 from .update import chains_of, energies_of, global_norm
@@ -64,7 +64,7 @@ def make_loss(energy_fn_template: Callable, vmap_batch: int | None = 10) -> Call
     """Return ``loss(params, chains, U_ref, R_batch, nbrs_data, state_kwargs)
     -> (value, aux)`` whose gradient is the relative-entropy gradient of one
     state point: ``chains`` are its trajectories (``(snapshots, nbrs)`` per
-    chain, as in :mod:`chemtrain.learn.difftre`), ``U_ref`` their energies
+    chain, as in :mod:`chemtrain.learn.reweighting`), ``U_ref`` their energies
     under the parameters that generated them, ``R_batch`` reference
     configurations and ``nbrs_data`` the neighbor list updated to each of
     them. ``value`` is ``beta (<U>_ref - <U>_theta)``; ``aux`` holds

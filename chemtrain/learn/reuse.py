@@ -1,7 +1,7 @@
 """When a stored trajectory may be reused by reweighting, and when it must
 be recomputed: pure functions of its effective sample size, its number of
 decorrelated samples and the parameters' distance from those that sampled
-it (:mod:`chemtrain.learn.difftre` re-exports them).
+it (:mod:`chemtrain.learn.reweighting` re-exports them).
 
 Three rules, any of which forces a recompute:
 

@@ -16,7 +16,7 @@ import numpy as np
 from ..checksum import crc
 from ..simulate.trajectory import make_trajectory
 from ..units import BOLTZMANN_KJ_PER_MOL_K
-from . import difftre as reweight
+from . import reweighting as reweight
 
 #: kT above this (kJ/mol, about 3,000 K) is warned about: likely a temperature in kelvin
 KT_PLAUSIBLE = 25.0

@@ -2,7 +2,7 @@
 scales of an optimizer step, the parameters at a scale, and the choice of the
 largest scale that keeps every state point's effective sample size
 (:class:`chemtrain.learn.update.StepSizeSearch` is the policy;
-:mod:`chemtrain.learn.difftre` re-exports these)."""
+:mod:`chemtrain.learn.reweighting` re-exports these)."""
 from __future__ import annotations
 
 import jax

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..ensemble import box_kwargs, energy_kwargs
-from .difftre import choose_step_size, step_size_candidates, step_size_violations
+from .reweighting import choose_step_size, step_size_candidates, step_size_violations
 from .diagnose import all_finite, energy_gradient_note, nonfinite_predictions_note
 
 

@@ -8,10 +8,10 @@ from .options import RunOptions
 from .relative_entropy import RelativeEntropy
 from .reweighting import Reweighting
 from .errors import TrainingError
-from .state import DifftreState, FMState, TrainerState
+from .state import DifftreState, FMState, ReweightingState, TrainerState  # noqa: F401
 from ..learn.statepoint import StatePoint  # noqa: F401  (documented as chemtrain.learn.StatePoint)
 
 __all__ = ["ForceMatching", "EnsembleOfModels", "Difftre", "DifftreParallel", "RelativeEntropy", "Reweighting",
            "InterleaveTrainers", "RunOptions",
            "TrainingError",
-           "TrainerState", "FMState", "DifftreState"]
+           "TrainerState", "FMState", "ReweightingState"]

@@ -13,7 +13,7 @@ from typing import Callable, Mapping
 import jax.numpy as jnp
 import numpy as np
 
-from ..learn.difftre import resolve_observables
+from ..learn.reweighting import resolve_observables
 from ..learn.difftre_batches import statepoint_batches
 from ..learn.difftre_objective import difftre_objective
 from ..learn.reuse import ReuseRule

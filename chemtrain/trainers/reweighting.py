@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..compile_cache import enable as enable_compile_cache
-from ..learn.difftre import scaled_params
+from ..learn.reweighting import scaled_params
 from ..learn.difftre_batches import as_key, statepoint_batches
 from ..learn.objective import Objective
 from ..learn.reuse import ReuseRule
@@ -41,7 +41,7 @@ from .reweighting_update import (Loop, TimedCollectives, UpdateRefused, apply_up
                                  check_arguments, check_optimizer_state, policies,
                                  objective_states, pool_size, reuse_rule, reuses_of)
 from .services import check_consistency, collective, init_state
-from .state import DifftreState, HoldsState
+from .state import ReweightingState, HoldsState
 from .trajectories import TrajectoryStore
 
 log = logging.getLogger("chemtrain")
@@ -117,7 +117,7 @@ class Reweighting(HoldsState):
         _, opt_state, host_params = init_state(self.strategy, init_params, optimizer)
         opt_state = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), opt_state)  # the root's
         check_optimizer_state(opt_state, self.trainer_name)
-        self.state = DifftreState(jax.tree.map(jnp.asarray, host_params), opt_state)
+        self.state = ReweightingState(jax.tree.map(jnp.asarray, host_params), opt_state)
         self.statepoints: list[StatePoint] = []
         self.trajectories = TrajectoryStore(self.strategy, self.restart)
         self.predictions: dict[int, dict] = {}

@@ -1,7 +1,7 @@
 """A trainer's resumable state as one frozen structure.
 
 Each trainer keeps everything a run needs to continue in one
-:class:`TrainerState` (``FMState`` for force matching, ``DifftreState`` for
+:class:`TrainerState` (``FMState`` for force matching, ``ReweightingState`` for
 DiffTRe): a frozen dataclass that is also a JAX pytree. Its array fields,
 named in ``TREES`` (parameters, optimizer state, ...), are the pytree's
 children; all other fields are plain data (numbers, strings, lists and dicts
@@ -184,8 +184,9 @@ class FMState(TrainerState):
 
 
 @dataclasses.dataclass(frozen=True)
-class DifftreState(TrainerState):
-    """What a DiffTRe run continues from.
+class ReweightingState(TrainerState):
+    """What a run of the reweighting loop (DiffTRe, relative entropy,
+    dynamics, any :class:`~chemtrain.learn.Objective`) continues from.
 
     A frozen dataclass and JAX pytree (see :class:`TrainerState`): the
     parameters and the optimizer state are its arrays; the rest is plain
@@ -288,3 +289,6 @@ class HoldsState:
         host = checked_params(self.store.strategy, self.store.to_host("params", self.state.params),
                               params)
         self.state = self.state.replace(params=self.store.place("params", host))
+
+
+DifftreState = ReweightingState   # its name until this release, for code that imports it

@@ -58,7 +58,7 @@ from jax_md import energy, simulate, space
 
 from chemtrain import quantity
 from chemtrain.finetune.model import random_config
-from chemtrain.learn.difftre import make_snapshot_evaluator
+from chemtrain.learn.reweighting import make_snapshot_evaluator
 from chemtrain.models import freeze, mace, repulsive_template, sum_templates
 from chemtrain.models.pair import init_pair_mlp, pair_mlp_template
 from chemtrain.neighbors import neighbor_list

@@ -41,7 +41,7 @@ import optax
 from jax_md import partition, simulate, space
 
 from chemtrain import quantity
-from chemtrain.learn.difftre import make_snapshot_evaluator
+from chemtrain.learn.reweighting import make_snapshot_evaluator
 from chemtrain.parallel import make_strategy, on_root
 from chemtrain.models.pair import lennard_jones_template
 from chemtrain.simulate import make_trajectory, process_printouts, run_with_restart

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from chemtrain.learn import Objective
-from chemtrain.learn.difftre import (effective_sample_size, make_snapshot_evaluator,
+from chemtrain.learn.reweighting import (effective_sample_size, make_snapshot_evaluator,
                                      reweighting_weights)
 from chemtrain.learn.update import chains_of, energies_of
 

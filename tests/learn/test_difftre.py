@@ -1,4 +1,4 @@
-"""DiffTRe reweighting, loss and gradient as pure functions (chemtrain.learn.difftre).
+"""DiffTRe reweighting, loss and gradient as pure functions (chemtrain.learn.reweighting).
 
 Snapshots come from a plain jax-md Langevin run of a 128-particle argon-like
 Lennard-Jones fluid written here (not chemtrain's trajectory generator), and
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax_md import partition, simulate, space
 
-from chemtrain.learn import difftre as dt
+from chemtrain.learn import reweighting as dt
 from chemtrain.models.pair import lennard_jones_template
 from chemtrain.neighbors import neighbor_pairs
 from chemtrain.units import kT as kT_of

@@ -121,7 +121,7 @@ def test_batched_energies_give_the_vmapped_gradient(tmp_path):
     vmapped): loss, N_eff and gradient equal those of the direct gradient of
     a template without batched energies (a vmap of one snapshot's energy),
     with a padded last chunk."""
-    from chemtrain.learn import difftre as dt
+    from chemtrain.learn import reweighting as dt
     from chemtrain.learn.difftre_grad import make_value_and_grad
     from chemtrain.learn.difftre_objective import chains_of, energies_of
     with jax.enable_x64(True):

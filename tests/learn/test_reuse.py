@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from chemtrain.learn import difftre as dt
+from chemtrain.learn import reweighting as dt
 from chemtrain.learn import reuse
 
 

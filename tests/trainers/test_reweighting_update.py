@@ -9,7 +9,7 @@ from chemtrain.learn import Objective, StepSizeSearch
 from chemtrain.simulate import RestartPolicy
 from chemtrain.trainers.reweighting_files import why_not_resumable
 from chemtrain.trainers.reweighting_update import (check_arguments, policies, reuses_of)
-from chemtrain.trainers.state import DifftreState
+from chemtrain.trainers.state import ReweightingState
 
 
 def _objective():
@@ -35,10 +35,10 @@ def test_arguments_are_checked_by_kind():
 
 
 def test_reuse_counts_of_an_older_state_are_zero():
-    state = DifftreState(params={}, opt_state={}, reuses=[2, 1])
+    state = ReweightingState(params={}, opt_state={}, reuses=[2, 1])
     assert reuses_of(state, 4) == [2, 1, 0, 0]
     assert reuses_of(state, 1) == [2]
-    assert reuses_of(DifftreState(params={}, opt_state={}), 2) == [0, 0]
+    assert reuses_of(ReweightingState(params={}, opt_state={}), 2) == [0, 0]
 
 
 def test_a_checkpoint_is_refused_until_the_epoch_completes():

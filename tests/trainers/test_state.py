@@ -17,7 +17,7 @@ from difftre_systems import bonded_pair
 from legacy import FM_SETUP, difftre_setup
 from chemtrain import checkpoint as ckpt
 from chemtrain.trainers import ForceMatching, RunOptions
-from chemtrain.trainers.state import DifftreState, FMState
+from chemtrain.trainers.state import ReweightingState, FMState
 
 from paths import FILES as DATA  # noqa: E402
 
@@ -61,11 +61,11 @@ def test_state_is_a_frozen_pytree_of_its_arrays():
     assert _equal(FMState.join(trees, plain), s)
     with pytest.raises(TypeError, match="history must be plain data"):
         s.replace(history=[object()]).split()
-    assert DifftreState.plain_fields() == ("epoch", "update_count", "init_runs", "reuses",
+    assert ReweightingState.plain_fields() == ("epoch", "update_count", "init_runs", "reuses",
                                            "objective_state", "stopped", "history",
                                            "epoch_losses", "update_losses")
     # a relative-entropy state of the last release kept s_rel in a field of its own
-    old = DifftreState.join({"params": {}, "opt_state": {}},
+    old = ReweightingState.join({"params": {}, "opt_state": {}},
                             {"epoch": 2, "update_count": 4, "init_runs": 1, "s_rel": [-0.5, 0.25],
                              "history": [], "epoch_losses": [], "update_losses": []})
     assert old.objective_state == [{"s_rel": -0.5}, {"s_rel": 0.25}] and old.reuses == []
@@ -75,7 +75,7 @@ def test_growing_logs_leave_the_tree_structure_alone():
     """Histories and per-epoch losses grow every epoch; a state's tree
     structure must not (issue 32), while a tree map still carries them and a
     changed counter still changes the structure."""
-    s = DifftreState({"w": np.ones(2)}, {"m": np.zeros(2)}, epoch=1, epoch_losses=[0.5],
+    s = ReweightingState({"w": np.ones(2)}, {"m": np.zeros(2)}, epoch=1, epoch_losses=[0.5],
                      update_losses=[0.5, 0.4], history=[{"loss": 0.5}])
     grown = s.replace(epoch_losses=[0.5, 0.3], update_losses=[0.5, 0.4, 0.3, 0.2],
                       history=[{"loss": 0.5}, {"loss": 0.3}])

@@ -1,7 +1,8 @@
-"""DiffTRe as pure functions: Boltzmann reweighting of stored snapshots, the
-effective sample size, ensemble observables, the loss and gradient of one
-state point, the recompute rule, the step-size search, the batches of state
-points of an epoch and the random keys.
+"""Reweighting as pure functions, shared by every reweighting objective
+(DiffTRe, relative entropy, dynamics): Boltzmann weights of stored
+snapshots, the effective sample size, ensemble observables, DiffTRe's loss
+and gradient of one state point, the recompute rule and the step-size
+search.
 
 A state point's trajectory is a list of *chains*; each chain is a pair
 ``(snapshots, nbrs)``: jax-md simulator states stacked along axis 0 and the
