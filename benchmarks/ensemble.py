@@ -91,8 +91,9 @@ def problem(n_frames, k):
 def train_child(kind, k, n_frames, epochs, model="mace"):
     """One training in this process; returns seconds per epoch after the first."""
     import optax
-    from chemtrain.trainers import EnsembleOfModels, ForceMatching
-    opts = dict(batch=4, progress=False, parallelism="single", checkpoint_path=tempfile.mkdtemp())
+    from chemtrain.trainers import EnsembleOfModels, ForceMatching, RunOptions
+    opts = dict(batch=4, options=RunOptions(progress=False), parallelism="single",
+                checkpoint_path=tempfile.mkdtemp())
     if model == "mace":
         data, members, template, _ = problem(n_frames, k)
         nbrs = None

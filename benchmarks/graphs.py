@@ -75,7 +75,7 @@ def main(argv=None):
     import optax
     from chemtrain import neighbors as nb
     from chemtrain.models import mace
-    from chemtrain.trainers import ForceMatching
+    from chemtrain.trainers import ForceMatching, RunOptions
 
     dtype = np.float64 if args.float64 else np.float32
     atoms = nanotube()
@@ -101,7 +101,8 @@ def main(argv=None):
         jnp.asarray(data["R"][int(np.argmax(per_frame))]))   # on the densest frame
     template = mace.energy_fn_template(cfg, displacement)
     tmp = tempfile.mkdtemp()
-    kw = dict(batch=args.batch, parallelism="single", progress=False, checkpoint_path=tmp,
+    kw = dict(batch=args.batch, parallelism="single", options=RunOptions(progress=False),
+              checkpoint_path=tmp,
               gammas={"U": 1e-3, "F": 1.0})
     trainers = {"neighbor list": ForceMatching(params, optax.adam(1e-4), template, nbrs, **kw),
                 "graph": ForceMatching(params, optax.adam(1e-4), template, None, **kw)}

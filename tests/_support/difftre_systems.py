@@ -115,4 +115,4 @@ def overflowing_lj(**kwargs):
         reference_states=np.broadcast_to(lattice, (2, n, 3)), sim_batch_size=-1,
         restart=RestartPolicy(max_retries=0), progress=False)
     args.update(kwargs)
-    return DifftreParallel(**args)
+    return DifftreParallel(**with_run_options(args))

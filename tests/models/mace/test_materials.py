@@ -223,8 +223,8 @@ def test_molecules_and_cells_train_without_nan(tmp_path):
     structures = lj_crystals(4, seed=2) + lj_molecules(4, seed=3)
     data = lj_dataset(structures)
     assert (data["stress_weight"] == [1] * 4 + [0] * 4).all() and (data["box"][4:] == 0).all()
-    kw = dict(gammas={"U": 1.0, "F": 1e-2, "stress": 1e-4}, progress=False, batch=4,
-              parallelism="single", checkpoint_path=str(tmp_path))
+    kw = dict(gammas={"U": 1.0, "F": 1e-2, "stress": 1e-4}, batch=4, parallelism="single",
+              checkpoint_path=str(tmp_path), options=RunOptions(progress=False))
     template = LJ_GRAPHS
     init = {"sigma": jnp.asarray(0.32), "epsilon": jnp.asarray(1.2)}
     tr = ForceMatching(init, optax.adam(1e-2), template, None, **kw)
