@@ -148,12 +148,10 @@ def main():
     check.initialize_trajstates()
     check.train(1)
     D_check = check.history[-1]["statepoints"][0]["predictions"]["D"]
-    per_start = None
     result = {"start": START, "final": final, "D_target": D_TARGET, "D_check": D_check,
               "D_check_error": D_check / D_TARGET - 1, "updates": records,
               "seconds_per_update": train_s / max(1, args.updates),
-              "settings": vars(args), "check_start_states": check_timings.n_snapshots,
-              "per_start": per_start}
+              "settings": vars(args), "check_start_states": check_timings.n_snapshots}
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(f"final sigma {final['sigma']:.5f} nm, epsilon {final['epsilon']:.5f} kJ/mol; fresh "
