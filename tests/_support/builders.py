@@ -1,7 +1,7 @@
 """Small ForceMatching trainers on the pair-MLP problem
 (problems.mlp_problem), for the error, service and checkpoint tests."""
 from chemtrain.trainers import ForceMatching
-from run_options import with_run_options
+from chemtrain.trainers.options import split_options
 from problems import adam, mlp_problem
 
 
@@ -11,7 +11,7 @@ def build(tmp_path, **kw):
     kw.setdefault("parallelism", "single")
     kw.setdefault("progress", False)
     return ForceMatching(params, adam(), template, nbrs, checkpoint_path=str(tmp_path),
-                         **with_run_options(kw, keep=("checkpoint_path", "log_file"))), data
+                         **split_options(kw, keep=("checkpoint_path", "log_file"))), data
 
 
 def trainer(problem, folder, template=None, nbrs=None, **kw):
@@ -19,4 +19,4 @@ def trainer(problem, folder, template=None, nbrs=None, **kw):
     return ForceMatching(params, adam(), tmpl if template is None else template,
                          nb if nbrs is None else nbrs, batch=4, parallelism="single",
                          checkpoint_path=str(folder),
-                         **with_run_options(dict(kw, progress=False), keep=("checkpoint_path", "log_file")))
+                         **split_options(dict(kw, progress=False), keep=("checkpoint_path", "log_file")))

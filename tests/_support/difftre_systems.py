@@ -14,7 +14,7 @@ from chemtrain import quantity
 from chemtrain.models.pair import harmonic_bond_template
 from chemtrain.simulate import RestartPolicy, process_printouts
 from chemtrain.trainers.difftre import DifftreParallel
-from run_options import with_run_options
+from chemtrain.trainers.options import split_options
 
 KTS = np.array([2.56, 3.0, 3.5, 3.2, 2.8])
 
@@ -65,7 +65,7 @@ def bonded_pair_args(n_statepoints=3, **kwargs):
         reference_states=np.broadcast_to(np.array([[0.0, 0.0, 0.0], [0.11, 0.09, 0.12]]), (n, 2, 3)),
         sim_batch_size=1, reweight_ratio=0.99, progress=False)
     args.update(kwargs)
-    return with_run_options(args)
+    return split_options(args)
 
 
 def bonded_pair(n_statepoints=3, **kwargs):
@@ -115,4 +115,4 @@ def overflowing_lj(**kwargs):
         reference_states=np.broadcast_to(lattice, (2, n, 3)), sim_batch_size=-1,
         restart=RestartPolicy(max_retries=0), progress=False)
     args.update(kwargs)
-    return DifftreParallel(**with_run_options(args))
+    return DifftreParallel(**split_options(args))

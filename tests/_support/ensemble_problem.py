@@ -29,11 +29,11 @@ def committee(problem, folder, bootstrap=False, **kw):
     """An EnsembleOfModels of :func:`members` with the training and
     validation sets set."""
     from chemtrain.trainers import EnsembleOfModels
-    from run_options import with_run_options
+    from chemtrain.trainers.options import split_options
     train, test, template, nbrs = problem
     tr = EnsembleOfModels(members(), optax.adam(1e-3), template, nbrs, batch=BATCH,
                           gammas=GAMMAS, bootstrap=bootstrap, seed=SEED, checkpoint_path=folder,
-                          **with_run_options(dict(kw, progress=False), keep=("checkpoint_path", "log_file")))
+                          **split_options(dict(kw, progress=False), keep=("checkpoint_path", "log_file")))
     tr.set_dataset(train, "training")
     tr.set_dataset(test, "validation")
     return tr

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
 import cg_bond_and_lj as ex  # noqa: E402
 
 from chemtrain.trainers import ForceMatching, InterleaveTrainers, RunOptions  # noqa: E402
-from run_options import with_run_options  # noqa: E402
+from chemtrain.trainers.options import split_options  # noqa: E402
 
 
 def labelled_frames(re_trainer, n=32, params=None):
@@ -42,7 +42,7 @@ def fused(folder, kTs=(2.56,), **options):
                        options=RunOptions(progress=False))
     fm.set_dataset(data, "training")
     together = InterleaveTrainers(os.path.join(folder, "fused"),
-                                  **with_run_options(dict(options, progress=False)))
+                                  **split_options(dict(options, progress=False)))
     together.add_trainer(fm, num_updates=1, name="FM")
     together.add_trainer(re_trainer, num_updates=2, name="RE")
     return together, fm, re_trainer

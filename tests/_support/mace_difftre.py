@@ -17,7 +17,7 @@ from chemtrain.models import repulsive_template, sum_templates
 from chemtrain.neighbors import neighbor_list
 from chemtrain.simulate import process_printouts
 from chemtrain.trainers import DifftreParallel
-from run_options import with_run_options
+from chemtrain.trainers.options import split_options
 
 BOX, R_MAX = 1.0, 0.4   # nm
 
@@ -75,5 +75,5 @@ def mace_trainer(folder, kTs=(2.5,), species=8, dtype=jnp.float64, **options):
         {"rdf": {"target": np.ones((n, 20)), "gamma": 1.0},
          "energy": {"target": np.full(n, -5.0), "gamma": 0.01}},
         reference_states=np.broadcast_to(spread_positions(16, 0.28), (n, 16, 3)),
-        checkpoint_path=folder, **with_run_options(dict(options, progress=False)))
+        checkpoint_path=folder, **split_options(dict(options, progress=False)))
     return trainer, params

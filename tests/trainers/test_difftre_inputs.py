@@ -19,7 +19,7 @@ from chemtrain.simulate import process_printouts
 from chemtrain.trainers import TrainingError, RunOptions
 from chemtrain.trainers.difftre import Difftre, DifftreParallel
 from difftre_systems import bonded_pair, bonded_pair_args, pair_system, update_recorder
-from run_options import with_run_options
+from chemtrain.trainers.options import split_options
 
 SHORT = process_printouts(0.01, 2.1, 0.1, 0.2)   # 210 steps, 10 snapshots
 
@@ -54,7 +54,7 @@ def lj8(box=2.0, cutoff=0.9, template=None, quantities=None, targets=None, R0=CU
         targets=targets or {"energy": {"target": np.array([-1.0])}},
         reference_states=R0[None], progress=False)
     args.update(kw)
-    return DifftreParallel(**with_run_options(args)), displacement
+    return DifftreParallel(**split_options(args)), displacement
 
 
 # -- silently wrong before: now errors or right ----------------------------------------

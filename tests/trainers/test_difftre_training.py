@@ -33,7 +33,7 @@ from chemtrain.trainers.difftre import Difftre, DifftreParallel
 from chemtrain.trainers import TrainingError, RunOptions
 from chemtrain.units import kT as thermal_energy
 from difftre_systems import analytic_rdf, bonded_pair, pair_rdf
-from run_options import with_run_options
+from chemtrain.trainers.options import split_options
 
 N, DENSITY, SIGMA, EPSILON, MASS, R_CUT = 128, 21.0, 0.34, 0.99, 39.95, 0.9
 BOX = (N / DENSITY) ** (1 / 3)
@@ -111,7 +111,7 @@ def lj_trainer(lj, params, targets, seed, timings=None, **kwargs):
         timings or process_printouts(DT, 11.0, 1.0, 0.1),   # 100 snapshots, 1100 steps
         {"kT": np.array([KT]), "mass": np.array([MASS])}, lj["quantities"],
         {k: dict(v, target=np.asarray(v["target"])[None]) for k, v in targets.items()},
-        reference_states=lj["R0"][None], reweight_ratio=0.9, **with_run_options(dict(
+        reference_states=lj["R0"][None], reweight_ratio=0.9, **split_options(dict(
             progress=False, plot_x={"rdf": np.asarray(RDF.bin_centers)}, **kwargs)))
 
 
@@ -244,7 +244,7 @@ def _upstream_two_particle_test(tmp_path, seed, **options):
     trainer = Difftre({"r_0": jnp.asarray(0.3), "scaled_b": jnp.asarray(1.5)}, optimizer,
                       reweight_ratio=0.99, checkpoint_path=str(tmp_path),
                       key=jax.random.PRNGKey(seed),
-                      **with_run_options(dict(options, progress=False)))
+                      **split_options(dict(options, progress=False)))
     r_init = np.array([[0.0, 0.0, 0.0], [0.11, 0.09, 0.12]])
     trainer.add_statepoint(
         template, functools.partial(simulate.nvt_langevin, shift_fn=shift, dt=0.01, kT=2.56,
