@@ -1,6 +1,6 @@
 """Checkpoints: files damaged in every way (every single flipped byte, every
 truncation, headers without fields, killed writes) are named, never
-loaded; trainers refuse checkpoints of another world size and garbage,
+loaded; trainers refuse checkpoints of another batch and garbage,
 write plain data, and do not overwrite another run's checkpoints."""
 from __future__ import annotations
 
@@ -145,13 +145,19 @@ def test_killed_write_keeps_old_file_and_leftover_is_cleaned(tmp_path):
 
 # ---------------------------------------------------------------- trainers
 
-def test_checkpoint_from_other_world_size_and_garbage(tmp_path):
+def test_checkpoint_of_another_batch_and_garbage(tmp_path):
+    """A checkpoint restores on another number of devices (elastic resume,
+    tests/trainers/test_elastic_resume.py) but not with another global
+    batch, which would change what every later step sees."""
     tr, data = build(tmp_path)
     tr.save_checkpoint(str(tmp_path / "one.npz"))
     mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
     tr2, _ = build(tmp_path, parallelism="jax", mesh=mesh)
-    with pytest.raises(CheckpointError, match="n_shards=1"):
-        tr2.restore(str(tmp_path / "one.npz"))
+    tr2.restore(str(tmp_path / "one.npz"))
+    tr3, _ = build(tmp_path, parallelism="jax", mesh=mesh, batch=8)
+    with pytest.raises(CheckpointError, match="batch=4; this run has batch=8. Resume with "
+                                              "the checkpoint's settings"):
+        tr3.restore(str(tmp_path / "one.npz"))
     (tmp_path / "junk.npz").write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="not a chemtrain checkpoint"):
         tr.restore(str(tmp_path / "junk.npz"))

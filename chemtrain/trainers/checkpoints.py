@@ -85,7 +85,8 @@ class CheckpointStore:
         """Read ``path`` (see :meth:`load`) as a state of ``state``'s class
         and shape, its arrays placed as :meth:`place` does. The checkpoint
         must have been written with the same ``settings`` (``{name: this
-        run's value}``: the number of shards, the batch, ...); a setting the
+        run's value}``: the global batch, ...; not the number of devices or
+        ranks, which a resume may change); a setting the
         file does not record (written before it was) is not compared, with a
         warning. Returns (new state, metadata)."""
         def check(meta):
@@ -99,8 +100,8 @@ class CheckpointStore:
                 text = lambda d: ", ".join(f"{k}={v}" for k, v in d.items())  # noqa: E731
                 raise ckpt.CheckpointError(
                     f"{path!r} was written by a run with {text(theirs)}; this run has "
-                    f"{text(ours)}. Resume with the same settings (n_shards: the number of "
-                    f"devices or MPI ranks).")
+                    f"{text(ours)}. Resume with the checkpoint's settings ({text(theirs)}); "
+                    f"the number of devices or MPI ranks may differ.")
             version = meta.get("state_version", 1)
             if version not in READABLE_STATE_VERSIONS:
                 raise ckpt.CheckpointError(

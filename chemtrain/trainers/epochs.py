@@ -34,7 +34,7 @@ def run_epochs(trainer, max_epochs: int, checkpoint_freq: int | None,
     """
     if checkpoint_freq:
         trainer.store.check_folder(trainer.epoch)
-    trainer.reporter.claim(trainer.store.run_id)
+    trainer.reporter.claim(trainer.store.run_id, trainer.epoch)
     epochs = trainer.reporter.epochs(trainer.epoch, max_epochs)
     for epoch in epochs:
         one_epoch(epoch, epochs)

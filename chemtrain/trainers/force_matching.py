@@ -346,7 +346,8 @@ class ForceMatching(HoldsState):
     @collective
     def restore(self, path: str) -> None:
         """Continue from a checkpoint written by this trainer (read on the root)
-        with the same number of shards and batch (a committee: and bootstrap)."""
+        with the same global batch (a committee: and bootstrap), on any number
+        of devices or ranks."""
         self.state, _ = self.store.restore(
-            path, self.state, {"n_shards": self.strategy.n_shards, **self._resume_settings()})
+            path, self.state, self._resume_settings())
         self.data.reseed(self.seed)

@@ -68,9 +68,12 @@ class Reporter:
         return progress_bar(total=total, desc=desc, leave=False, disable=not self.show,
                             position=1)
 
-    def claim(self, run_id: str) -> None:
-        """Write this run's lines as ``run_id``; refuse (on every process) a
-        metrics file holding lines of another run."""
+    def claim(self, run_id: str, epoch: int = 0) -> None:
+        """Write this run's lines as ``run_id``, from epoch ``epoch`` on;
+        refuse (on every process) a metrics file holding lines of another
+        run. This run's lines of epoch ``epoch`` or later (written after the
+        checkpoint a resumed run continues from, e.g. by a run killed before
+        its next checkpoint) are removed: the epochs are trained again."""
         self.run_id = run_id
         if not self.log_file:
             return
@@ -78,18 +81,30 @@ class Reporter:
         def check():
             if not os.path.exists(self.log_file):
                 return
+            keep, number = [], 0
             with open(self.log_file) as f:
                 for number, line in enumerate(f, 1):
                     try:
-                        other = json.loads(line).get("run_id")
+                        record = json.loads(line)
+                        other = record.get("run_id")
                     except (ValueError, AttributeError):
-                        other = None
+                        record, other = None, None
                     if other != run_id:
                         raise ValueError(
                             f"The metrics file {self.log_file!r} already holds lines of another "
                             f"run (line {number}: run {other}); this run would interleave its "
                             f"epochs with them. Pass another log_file, move the file away, or "
                             f"continue that run with trainer.restore(<its checkpoint>).")
+                    later = record.get("epoch")
+                    if not (isinstance(later, int) and later >= epoch):
+                        keep.append(line)
+            if len(keep) < number:
+                log.warning("%s: removed %d line(s) of epoch %d and later, written after the "
+                            "checkpoint this run continues from.", self.log_file,
+                            number - len(keep), epoch)
+                with open(self.log_file + ".tmp", "w") as f:
+                    f.writelines(keep)
+                os.replace(self.log_file + ".tmp", self.log_file)
         on_root(self.strategy, check, only_root=True)
 
     def report(self, record: Mapping, text: str, epochs_bar=None, **postfix) -> None:

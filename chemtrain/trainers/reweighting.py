@@ -360,8 +360,7 @@ class Reweighting(HoldsState):
         sim_batch_size); also load its trajectory states unless
         ``trajstates=False``."""
         state, meta = self.store.restore(
-            path, self.state, {"n_shards": self.strategy.n_shards,
-                               "n_statepoints": self.n_statepoints,
+            path, self.state, {"n_statepoints": self.n_statepoints,
                                "sim_batch_size": self.sim_batch_size})
         state = jax.tree.map(jnp.asarray, state)  # uncommitted, as trained ones
         self.state = state.replace(stopped=None, objective_state=objective_states(

@@ -16,7 +16,7 @@ from chemtrain.simulate import RestartPolicy, process_printouts
 from chemtrain.trainers.difftre import DifftreParallel
 from chemtrain.trainers.options import split_options
 
-KTS = np.array([2.56, 3.0, 3.5, 3.2, 2.8])
+KTS = np.array([2.56, 3.0, 3.5, 3.2, 2.8, 2.7, 3.3])
 
 
 def analytic_rdf(r, r_0=0.35, b=250.0, kT=2.56, box=1.0):

@@ -138,6 +138,22 @@ def main():
         write("eq-1", state(tr))
         outcome("batch_below_ranks", lambda: bonded_pair(4, sim_batch_size=2))
         outcome("all_below_ranks", lambda: bonded_pair(2, sim_batch_size=-1))
+        # elastic resume: 7 state points, checkpointed after epoch 1 on 3 ranks
+        records, on_update = update_recorder()
+        tr = bonded_pair(7, sim_batch_size=3, parallelism="mpi", on_update=on_update,
+                         checkpoint_path=folder("seven"))
+        tr.initialize_trajstates()
+        tr.train(1)
+        tr.save_checkpoint(folder("seven.npz"))
+        tr.train(2)
+        write("seven", dict(state(tr), updates=records))
+    elif args.case == "seven_on_two":   # --out: the folder of case "three"
+        records, on_update = update_recorder()
+        tr = bonded_pair(7, sim_batch_size=3, parallelism="mpi", on_update=on_update,
+                         checkpoint_path=folder("seven_on_two"))
+        tr.restore(folder("seven.npz"))
+        tr.train(2)
+        write("seven_on_two", dict(state(tr), updates=records))
     elif args.case == "devices":
         outcome("devices", lambda: bonded_pair(4, sim_batch_size=2, parallelism="mpi"))
         outcome("devices_auto", lambda: bonded_pair(4, sim_batch_size=2))

@@ -1,6 +1,7 @@
 """One MPI rank of tests/trainers/test_interleave.py: fused force matching (batch 8
 split over the ranks) and relative entropy (two state points, one per
-rank) for 2 fused epochs; writes DIR/fused_<rank>.json. With ``--disagree
+rank) for 2 fused epochs, a checkpoint after each (DIR/run/fused/); writes
+DIR/fused_<rank>.json. With ``--disagree
 num_updates|order`` rank 1 builds other turns, and each rank writes the
 error it got to DIR/disagree_<rank>.json."""
 import argparse
@@ -44,7 +45,7 @@ def main():
             json.dump(got, f)
         return
     together, _, _ = fused(os.path.join(args.out, "run"), kTs=(2.56, 3.0))
-    together.train(2)
+    together.train(2, checkpoint_freq=1)   # epoch 1's folder: the test resumes it
     with open(os.path.join(args.out, f"fused_{rank}.json"), "w") as f:
         json.dump({k: float(v) for k, v in together.params.items()}, f)
 

@@ -17,7 +17,6 @@ import optax
 import pytest
 
 import mp
-from chemtrain.checkpoint import CheckpointError
 from chemtrain.learn import ReuseRule
 from chemtrain.learn.difftre_objective import loss_and_grad
 from difftre_systems import bonded_pair, update_recorder
@@ -101,9 +100,14 @@ def test_two_ranks_train_like_one_process(main_run, single, sim_batch_size):
     assert {rank_of[sp] for sp in np.nonzero(flags)[1]} == {0, 1} and not flags.all()
 
 
-def test_three_ranks_split_four_statepoints(tmp_path_factory, single):
+@pytest.fixture(scope="module")
+def three_run(tmp_path_factory):
+    return launch(tmp_path_factory, "three", n=3)
+
+
+def test_three_ranks_split_four_statepoints(three_run, single):
     """sim_batch_size=-1 on 3 ranks: 2, 1 and 1 state points per rank."""
-    out = launch(tmp_path_factory, "three", n=3)
+    out = three_run
     ranks = read(out, "eq-1", 3)
     check_replicas(ranks)
     assert_close(ranks[0]["params"], params_of(single["eq-1"][0]))
@@ -151,10 +155,29 @@ def test_resume_under_mpi_equals_uninterrupted(main_run):
     assert resumed[0]["epoch"] == 3 and resumed[0]["recomputed"] == straight[0]["recomputed"]
 
 
-def test_checkpoint_of_two_ranks_is_refused_by_one_process(main_run, tmp_path):
-    tr = bonded_pair(4, sim_batch_size=2, checkpoint_path=str(tmp_path))
-    with pytest.raises(CheckpointError, match="n_shards=2.*this run has n_shards=1"):
-        tr.restore(str(main_run / "k.npz"))
+def test_seven_statepoints_of_three_ranks_resume_on_two_ranks_and_one_process(three_run):
+    """Elastic resume: a checkpoint written on 3 ranks after epoch 1 (7 state
+    points, 2 updates per epoch) continues on 2 ranks and in this process
+    with the updates the uninterrupted 3-rank run made."""
+    straight = read(three_run, "seven", 3)
+    check_replicas(straight)
+    rc, log, _ = mp.mpirun(2, [SCRIPT, "--case", "seven_on_two", "--out", str(three_run)])
+    assert rc == 0, log[-4000:]
+    on_two = read(three_run, "seven_on_two")
+    check_replicas(on_two)
+    records, on_update = update_recorder()
+    tr = bonded_pair(7, sim_batch_size=3, parallelism="single", on_update=on_update,
+                     checkpoint_path=str(three_run / "seven_on_one"))
+    tr.restore(str(three_run / "seven.npz"))
+    tr.train(2)
+    want = straight[0]["updates"][2:]
+    assert len(want) == 4 and [u["batch"] for u in want] == [[0, 1, 2], [3, 4, 5, 6]] * 2
+    for got in (on_two[0]["updates"], records):
+        assert [u["batch"] for u in got] == [u["batch"] for u in want]
+        for g, w in zip(got, want):
+            assert_close(g["after"], w["after"], rtol=1e-9)
+    assert on_two[0]["recomputed"] == recomputed(tr) == straight[0]["recomputed"]
+    assert tr.epoch == on_two[0]["epoch"] == 3
 
 
 def same_error(folder, name, cls, pattern):

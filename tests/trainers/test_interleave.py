@@ -1,7 +1,8 @@
 """InterleaveTrainers: force matching and relative entropy on one parameter
 set (tests/_support/fused_systems.py), and force matching with DiffTRe. One fused epoch equals the turns run
 by hand; resume is bitwise; incomplete or foreign checkpoints are refused;
-mpirun -np 2 equals one process."""
+mpirun -np 2 equals one process and
+its checkpoint continues in one process."""
 import json
 import os
 import shutil
@@ -86,6 +87,14 @@ def test_two_ranks_equal_one_process(tmp_path):
         got = json.loads((out / f"fused_{rank}.json").read_text())
         for k, v in want.items():
             assert abs(got[k] - float(v)) <= 1e-6 * abs(float(v)), (rank, k, got[k], v)
+    # elastic resume: epoch 1 of the 2 ranks continues in this process with
+    # the epoch 2 the ranks trained
+    resumed, fm, re_trainer = fused(str(tmp_path / "resumed"), kTs=(2.56, 3.0))
+    resumed.restore(str(out / "run" / "fused" / "epoch_00001"))
+    assert (resumed.epoch, fm.epoch, re_trainer.epoch) == (1, 1, 2)
+    resumed.train(1)
+    for k, v in host(resumed.params).items():
+        assert abs(got[k] - float(v)) <= 1e-9 * abs(got[k]), (k, got[k], v)
 
 
 def fm_and_difftre(folder):
