@@ -7,7 +7,9 @@ one layout and continued on another.
         until it is killed;
     mpirun -np 3 python elastic.py --mode resume --out DIR --from FOLDER
         restores the newest checkpoint of each from FOLDER, trains MORE
-        epochs more and writes DIR/<kind>_<rank>.json (:func:`result`).
+        epochs more and writes DIR/<kind>_<rank>.json (:func:`result`);
+        with --distributed N (tests/_support/mp.py's launch), the same in N
+        jax.distributed processes.
 """
 import argparse
 import glob
@@ -72,11 +74,13 @@ def main():
     p.add_argument("--mode", choices=("killable", "resume"), required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--from", dest="source")
+    import mp
+    mp.add_launch_args(p)
     args = p.parse_args()
     import jax
-    import mp
     mp.session_compile_cache()
     jax.config.update("jax_enable_x64", True)
+    mp.init_jax_distributed(args)
     if args.mode == "killable":
         runs = [trainer(kind, os.path.join(args.out, kind), "jax") for kind in ("fm", "committee")]
         assert all(tr.strategy.n_shards == 4 for tr in runs)
@@ -84,10 +88,13 @@ def main():
             for tr in runs:
                 tr.train(1, checkpoint_freq=1)
             print("epochs done:", runs[0].epoch, flush=True)
-    from mpi4py import MPI
-    rank = MPI.COMM_WORLD.rank
+    if args.distributed:   # jax.distributed: 'jax' over the processes' devices
+        parallelism, rank = "jax", jax.process_index()
+    else:
+        from mpi4py import MPI
+        parallelism, rank = "mpi", MPI.COMM_WORLD.rank
     for kind in ("fm", "committee"):
-        tr = trainer(kind, os.path.join(args.out, f"{kind}_run"), "mpi")
+        tr = trainer(kind, os.path.join(args.out, f"{kind}_run"), parallelism)
         tr.restore(newest(os.path.join(args.source, kind)))
         tr.train(MORE)
         with open(os.path.join(args.out, f"{kind}_{rank}.json"), "w") as f:

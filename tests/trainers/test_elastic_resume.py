@@ -1,7 +1,7 @@
 """Elastic resume: a force-matching run and a committee (EMA, plateau
 scheduler, bootstrap) trained on 4 devices ('jax') are killed (SIGKILL) at a
-random step and continued on 1 device ('single'), 2 devices ('jax') and 3
-MPI ranks; each ends where an uninterrupted 1-device run of as many epochs
+random step and continued on 1 device ('single'), 2 devices ('jax'), 3
+MPI ranks and 2 jax.distributed processes; each ends where an uninterrupted 1-device run of as many epochs
 ends (tests/_support/elastic.py)."""
 import json
 import os
@@ -85,14 +85,20 @@ def test_killed_on_four_devices_resumes_on_one_and_two(killed, kind, tmp_path):
 
 
 @pytest.mark.all_cores
-def test_killed_on_four_devices_resumes_on_three_ranks(killed, tmp_path):
-    rc, log, _ = mp.mpirun(3, [SCRIPT, "--mode", "resume", "--out", str(tmp_path),
-                               "--from", str(killed)], timeout=600)
+@pytest.mark.parametrize("launch", ["mpi", "jax.distributed"])
+def test_killed_on_four_devices_resumes_on_other_processes(killed, tmp_path, launch):
+    """3 MPI ranks; 2 jax.distributed processes of 1 device each."""
+    args = [SCRIPT, "--mode", "resume", "--out", str(tmp_path), "--from", str(killed)]
+    if launch == "mpi":
+        n, (rc, log, _) = 3, mp.mpirun(3, args, timeout=600)
+    else:
+        n, (codes, log) = 2, mp.distributed(2, args[1:], timeout=600, script="elastic.py")
+        rc = max(codes)
     assert rc == 0, log[-4000:]
     for kind in KINDS:
         ranks = [json.loads((tmp_path / f"{kind}_{r}.json").read_text())
-                 for r in range(3)]
+                 for r in range(n)]
         assert all(r == ranks[0] for r in ranks[1:])
-        assert ranks[0]["n_shards"] == 3
+        assert ranks[0]["n_shards"] == n
         want = uninterrupted(kind, ranks[0]["epoch"], tmp_path / f"u_{kind}")
         assert_same_run(ranks[0], want)
