@@ -28,6 +28,10 @@ Q=-qq
 if ! "$PY" -c "import mpi4jax" >/dev/null 2>&1; then
   CUDA_PATH=$(mktemp -d) "$PY" -m pip install $Q --no-cache-dir "mpi4jax==0.9.1.post2"
 fi
+# SevenNet's published checkpoints (SevenNet-0, chemtrain.models.nequip):
+# sevenn is installed for its files and never imported; its e3nn >= 0.5
+# would conflict with mace-torch's pinned e3nn 0.4.4, so no dependencies.
+"$PY" -m pip install $Q --no-deps sevenn==0.13.0
 "$PY" -m pip install $Q --no-deps -e .
 echo "$want" > "$STAMP"
 echo "chemtrain environment ready in $VENV"

@@ -98,7 +98,8 @@ def test_reweighting_trainers_show_every_keyword():
             assert params[name].default == p.default, (cls.__name__, name)
 
 
-PUBLIC = ["chemtrain.trainers", "chemtrain.learn", "chemtrain.models", "chemtrain.models.mace", "chemtrain.data",
+PUBLIC = ["chemtrain.trainers", "chemtrain.learn", "chemtrain.models", "chemtrain.models.mace",
+          "chemtrain.models.nequip", "chemtrain.data",
           "chemtrain.neighbors", "chemtrain.simulate", "chemtrain.quantity", "chemtrain.parallel",
           "chemtrain.calculator", "chemtrain.checkpoint", "chemtrain.units", "chemtrain.finetune"]
 

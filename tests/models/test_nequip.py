@@ -1,0 +1,118 @@
+"""NequIP with SevenNet's published weights (issue 49, part): chemtrain's
+JAX model reads the checkpoints of the installed sevenn package and gives
+the energies, forces and stresses that sevenn itself computes
+(tests/_support/files/sevennet_reference.json, written by
+tests/_support/files/make_sevennet_reference.py with sevenn 0.13.0, float64).
+
+The three checkpoints cover what the loader converts: SevenNet-0
+(11Jul2024: paths whose stored Clebsch-Gordan buffer has the opposite
+sign), its 22May2024 version (sevenn's old module names; spherical
+harmonics of the raw edge vector) and l3i5 (l up to 3, the polynomial
+cutoff, six paths of the opposite sign)."""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from chemtrain import units
+from chemtrain.models import nequip
+from chemtrain.models.mace import UntrustedFileError, UnknownElementError
+from chemtrain.neighbors import Graph, precompute_graphs
+import paths
+
+with open(os.path.join(paths.FILES, "sevennet_reference.json")) as f:
+    REFERENCE = json.load(f)
+EV = units.EV_TO_KJ_PER_MOL
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {name: nequip.load_sevennet(name, trusted=True) for name in REFERENCE["models"]}
+
+
+def chemtrain_results(cfg, params, structure):
+    """Energy (eV), forces (eV/A) and ASE stress (eV/A^3) from the chemtrain
+    energy template (nm, kJ/mol) on a precomputed graph."""
+    s = REFERENCE["structures"][structure]
+    R = np.array(s["positions"]) / 10.0
+    periodic = any(s["pbc"])
+    box = np.array(s["cell"]).T / 10.0 if periodic else None
+    need = precompute_graphs(R[None], box, cutoff=cfg.cutoff / 10.0)["senders"].shape[1]
+    # three padded edges (zero vectors, masked): their gradient must not be NaN
+    g = precompute_graphs(R[None], box, cutoff=cfg.cutoff / 10.0, capacity=need + 3)
+    graph = Graph(*(jnp.asarray(g[k][0]) for k in ("senders", "receivers", "shifts")))
+    template = nequip.energy_fn_template(cfg)
+
+    def energy(params, R, strain, graph, species):
+        return template(params)(R, graph, species=species, box=box, perturbation=strain)
+    e, (dR, dstrain) = jax.jit(jax.value_and_grad(energy, argnums=(1, 2)))(
+        params, jnp.asarray(R), jnp.eye(3), graph, jnp.asarray(s["numbers"]))
+    out = {"energy": float(e) / EV, "forces": -np.asarray(dR) / EV / 10.0}
+    if periodic:
+        volume = abs(np.linalg.det(box)) * 1000.0   # A^3
+        sigma = np.asarray(dstrain + dstrain.T) / 2 / EV / volume
+        out["stress"] = sigma[[0, 1, 2, 1, 0, 0], [0, 1, 2, 2, 2, 1]]
+    return out
+
+
+@pytest.mark.parametrize("name,structure", [
+    ("7net-0", "NaCl"), ("7net-0", "Si"), ("7net-0", "ethanol"),
+    ("7net-0_22may2024", "Si"), ("7net-l3i5", "NaCl")])
+def test_sevennet_checkpoints_give_sevenns_energies_forces_and_stress(models, name, structure):
+    cfg, params = models[name]
+    got = chemtrain_results(cfg, params, structure)
+    want = REFERENCE["models"][name][structure]
+    assert abs(got["energy"] - want["energy"]) <= 1e-9 * abs(want["energy"])
+    np.testing.assert_allclose(got["forces"], want["forces"], rtol=0, atol=1e-7)
+    assert np.max(np.abs(want["forces"])) > 0.01   # the forces are not trivially zero
+    if want["stress"] is not None:
+        np.testing.assert_allclose(got["stress"], want["stress"], rtol=0, atol=1e-9)
+
+
+def test_sevennet_0_is_the_published_model(models):
+    """The name resolves to the sevenn package's file; the architecture is
+    the published one (89 elements, 5 layers, cutoff 5 A)."""
+    path = nequip.resolve("sevennet-0")
+    assert path.endswith(os.path.join("SevenNet_0__11Jul2024", "checkpoint_sevennet_0.pth"))
+    cfg, _ = models["7net-0"]
+    assert (cfg.num_elements, cfg.num_layers, cfg.cutoff) == (89, 5, 5.0)
+    assert cfg.irreps[1] == ((128, 0), (64, 1), (32, 2))
+
+
+def test_a_jax_md_list_gives_the_graphs_energy_and_forces(models):
+    from jax_md import space
+    from chemtrain.neighbors import neighbor_list
+    cfg, params = models["7net-0"]
+    s = REFERENCE["structures"]["ethanol"]
+    R = jnp.asarray(np.array(s["positions"]) / 10.0)
+    displacement, _ = space.free()
+    nbrs = neighbor_list(displacement, 2.0, cfg.cutoff / 10.0, format="sparse").allocate(R)
+    template = nequip.energy_fn_template(cfg, displacement)
+    energy, grad = jax.jit(jax.value_and_grad(lambda p, R, nbrs, z: template(p)(
+        R, nbrs, species=z), argnums=1))(params, R, nbrs, jnp.asarray(s["numbers"]))
+    want = REFERENCE["models"]["7net-0"]["ethanol"]
+    assert abs(float(energy) / EV - want["energy"]) <= 1e-9 * abs(want["energy"])
+    np.testing.assert_allclose(-np.asarray(grad) / EV / 10.0, want["forces"], rtol=0, atol=1e-7)
+
+
+def test_refusals(models, tmp_path):
+    with pytest.raises(UntrustedFileError, match="pickle"):
+        nequip.load_sevennet("sevennet-0")
+    with pytest.raises(FileNotFoundError, match="names: "):
+        nequip.load_sevennet("sevennet-7", trusted=True)
+    # the multi-fidelity model of the package: an option this model lacks, by name
+    mf = os.path.join(os.path.dirname(os.path.dirname(nequip.resolve("sevennet-0"))),
+                      "SevenNet_MF_0", "checkpoint_sevennet_mf_0.pth")
+    with pytest.raises(nequip.UnsupportedSevenNetError, match="use_modality=True"):
+        nequip.load_sevennet(mf, trusted=True)
+    cfg, params = models["7net-0"]
+    template = nequip.energy_fn_template(cfg)
+    with pytest.raises(UnknownElementError, match=r"118 \(Og\)"):
+        template.validate_dataset({"species": np.array([[1, 118]])})
+    energy = jax.jit(lambda p, R, g, z: template(p)(R, g, species=z))(
+        params, jnp.array([[0.0, 0, 0], [0.1, 0, 0]]),
+        Graph(jnp.array([0, 1]), jnp.array([1, 0]), jnp.zeros((2, 3))), jnp.array([1, 118]))
+    assert np.isnan(float(energy))
