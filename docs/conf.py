@@ -45,6 +45,8 @@ API = {
                        "reweighting objectives, state points, step sizes.",
     "chemtrain.models": "Energy templates: pair potentials, priors, freezing.",
     "chemtrain.models.mace": "MACE: the model, its parameters, mace-torch files.",
+    "chemtrain.models.nequip": "NequIP (SevenNet's network): the model, its parameters, "
+                               "SevenNet checkpoints.",
     "chemtrain.data": "Datasets in memory and in HDF5 files.",
     "chemtrain.neighbors": "Neighbor lists and precomputed graphs.",
     "chemtrain.simulate": "Simulations that DiffTRe reweights, and reference data.",
