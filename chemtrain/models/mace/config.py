@@ -10,6 +10,8 @@ import json
 
 import numpy as np
 
+from chemtrain.models.species import element_table
+
 RESIDUAL = "RealAgnosticResidualInteractionBlock"
 DEFAULT_HEADS = ("Default",)   # mace-torch's name of a single-head model's head
 PLAIN = "RealAgnosticInteractionBlock"
@@ -231,15 +233,9 @@ class MaceConfig:
         return tuple(out)
 
     def element_table(self) -> np.ndarray:
-        """Lookup table from atomic number to the model's element index.
-
-        Returns:
-          An int32 array of shape (119,) whose entry Z is the index of atomic number
-          Z in ``atomic_numbers``, or -1 if the model does not know Z.
-        """
-        table = np.full(119, -1, np.int32)
-        table[list(self.atomic_numbers)] = np.arange(self.num_elements)
-        return table
+        """(119,) int32: the index of each atomic number in ``atomic_numbers``,
+        -1 where the model does not know it (:func:`chemtrain.models.species.element_table`)."""
+        return element_table(self.atomic_numbers)
 
 
 def _tuples(x):

@@ -19,6 +19,8 @@ from chemtrain.models.mace.model import MaceConfig, node_energies
 from chemtrain.models.mace.heads import default_head
 from chemtrain.neighbors import GRAPH_KEYS, check_minimum_image, edge_vectors
 from chemtrain.models.template import EnergyTemplate, periodic
+from chemtrain.models.species import UnknownElementError  # noqa: F401  (chemtrain.models.mace's name)
+from chemtrain.models.species import check_species as species_check
 
 LENGTH_TO_ANGSTROM = 1.0 / units.ANGSTROM_TO_NM   # nm -> Angstrom
 ENERGY_TO_KJ_PER_MOL = units.EV_TO_KJ_PER_MOL      # eV -> kJ/mol
@@ -34,15 +36,6 @@ ENERGY_TO_KJ_PER_MOL = units.EV_TO_KJ_PER_MOL      # eV -> kJ/mol
 # Remove it (set True) once cuequivariance-jax keeps the varying
 # type in both forward- and reverse-mode derivatives.
 CHECK_VMA = False
-
-
-class UnknownElementError(ValueError):
-    """A structure holds an element that the model was not trained on.
-
-    A ``ValueError``. Raised by :func:`check_species` (also for atomic numbers
-    that are not integers) and so by the dataset check of
-    :func:`energy_fn_template`'s template.
-    """
 
 
 def species_to_elements(cfg: MaceConfig, species):
@@ -65,44 +58,23 @@ def species_to_elements(cfg: MaceConfig, species):
 def check_species(cfg: MaceConfig, species, mask=None, what: str = "The dataset has",
                   fix: str = "Remove those structures or use a model trained on these "
                              "elements.") -> None:
-    """Check that every real atom's element is one the model knows.
+    """Check that every real atom's element is one the model knows
+    (:func:`chemtrain.models.species.check_species` with ``cfg.atomic_numbers``).
 
     Args:
       cfg: the model configuration.
-      species: integer atomic numbers, any shape (e.g. (n_structures, N));
-        None is refused.
-      mask: bool array of the shape of ``species``, True for real atoms
-        (padding is False and not checked); None: every atom is real.
+      species: integer atomic numbers, any shape (e.g. (n_structures, N)).
+      mask: bool array of the shape of ``species``, True for real atoms;
+        None: every atom is real.
       what: start of the error message, before the unknown atomic numbers.
       fix: end of the error message (what to do).
 
     Raises:
       ValueError: if ``species`` is None (the dataset has no ``'species'``).
-      UnknownElementError: if ``species`` is not of an integer dtype, or a real
-        atom's atomic number is not one of ``cfg.atomic_numbers``; the message
-        starts with ``what``, names the unknown atomic numbers with their
-        chemical symbols, and ends with ``fix``.
+      UnknownElementError: non-integer species, or a real atom's atomic
+        number is not one of ``cfg.atomic_numbers`` (named with its symbol).
     """
-    if species is None:
-        raise ValueError("The MACE model needs per-atom atomic numbers: add a 'species' array "
-                         "(structures x atoms, integers) to the dataset.")
-    z = np.asarray(species)
-    real = np.ones(z.shape, bool) if mask is None else np.asarray(mask).astype(bool)
-    if not np.issubdtype(z.dtype, np.integer):
-        raise UnknownElementError(f"species must be integer atomic numbers, got dtype {z.dtype}.")
-    known = np.isin(z, cfg.atomic_numbers)
-    bad = np.unique(z[real & ~known])
-    if bad.size:
-        raise UnknownElementError(
-            f"{what} atomic numbers {_with_symbols(bad.tolist())} that the MACE model does not "
-            f"know; it was built for {list(cfg.atomic_numbers)}. {fix}")
-
-
-def _with_symbols(numbers) -> str:
-    """``[9, 17]`` -> ``'9 (F), 17 (Cl)'``."""
-    from ase.data import chemical_symbols
-    return ", ".join(f"{z} ({chemical_symbols[z]})" if 0 < z < len(chemical_symbols) else str(z)
-                     for z in numbers)
+    species_check(cfg.atomic_numbers, species, mask, model="MACE", what=what, fix=fix)
 
 
 def check_heads(cfg: MaceConfig, head) -> None:

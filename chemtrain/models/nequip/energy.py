@@ -6,18 +6,18 @@ from __future__ import annotations
 
 from typing import Callable
 
-import numpy as np
 import jax.numpy as jnp
 
-from chemtrain.models.mace.energy import ENERGY_TO_KJ_PER_MOL, LENGTH_TO_ANGSTROM, _with_symbols
-from chemtrain.models.mace.energy import UnknownElementError
+from chemtrain.models.mace.energy import ENERGY_TO_KJ_PER_MOL, LENGTH_TO_ANGSTROM
+from chemtrain.models.species import check_species as species_check
 from chemtrain.models.nequip.model import NequipConfig, node_energies
 from chemtrain.models.template import EnergyTemplate, periodic
 from chemtrain.neighbors import GRAPH_KEYS, check_minimum_image, edge_vectors
 
 
 def check_species(cfg: NequipConfig, species, mask=None) -> None:
-    """Every real atom's atomic number is one the model knows.
+    """Every real atom's atomic number is one the model knows
+    (:func:`chemtrain.models.species.check_species` with ``cfg.atomic_numbers``).
 
     Args:
       cfg: the architecture.
@@ -29,18 +29,7 @@ def check_species(cfg: NequipConfig, species, mask=None) -> None:
       UnknownElementError: non-integer species, or elements the model does
         not know (named with their symbols).
     """
-    if species is None:
-        raise ValueError("The NequIP model needs per-atom atomic numbers: add a 'species' array "
-                         "(structures x atoms, integers) to the dataset.")
-    z = np.asarray(species)
-    if not np.issubdtype(z.dtype, np.integer):
-        raise UnknownElementError(f"species must be integer atomic numbers, got dtype {z.dtype}.")
-    real = np.ones(z.shape, bool) if mask is None else np.asarray(mask).astype(bool)
-    bad = np.unique(z[real & ~np.isin(z, cfg.atomic_numbers)])
-    if bad.size:
-        raise UnknownElementError(
-            f"The dataset has atomic numbers {_with_symbols(bad.tolist())} that the NequIP model "
-            f"does not know. Remove those structures or use a model trained on these elements.")
+    species_check(cfg.atomic_numbers, species, mask, model="NequIP")
 
 
 def energy_fn_template(cfg: NequipConfig, displacement_fn: Callable | None = None) -> EnergyTemplate:

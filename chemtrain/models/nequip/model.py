@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from chemtrain.models.species import element_table
+
 #: e3nn's normalize2mom constant of SiLU (the mean of silu(z)^2 over 10^6
 #: samples of torch's generator, seed 0): not the exact Gaussian moment
 #: 1.67653..., which changes SevenNet-0's energies by 4e-4 to 3e-3 relative
@@ -75,10 +77,9 @@ class NequipConfig:
         return len(self.atomic_numbers)
 
     def element_table(self) -> np.ndarray:
-        """(119,) model index of each atomic number, -1 where unknown."""
-        table = np.full(119, -1, np.int32)
-        table[list(self.atomic_numbers)] = np.arange(len(self.atomic_numbers))
-        return table
+        """(119,) model index of each atomic number, -1 where unknown
+        (:func:`chemtrain.models.species.element_table`)."""
+        return element_table(self.atomic_numbers)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
