@@ -24,8 +24,10 @@ if not (os.environ.get("PYTEST_XDIST_WORKER") and os.path.isdir(_ROOT)):
     atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
     os.environ["CHEMTRAIN_TEST_CACHE_ROOT"] = _ROOT
 # chemtrain's default cache (~/.cache/chemtrain/jax) stays out of the tests
-# (tests/test_compile_cache.py sets its own folders)
-os.environ["CHEMTRAIN_JAX_CACHE"] = "off"
+# (tests/test_compile_cache.py sets its own folders): the processes they start
+# that do not call mp.session_compile_cache (chemtrain-finetune jobs, the
+# examples) find the session's cache through chemtrain's own variable
+os.environ["CHEMTRAIN_JAX_CACHE"] = os.path.join(_ROOT, "jax")
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "_support"))
 
