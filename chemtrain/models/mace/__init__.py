@@ -15,8 +15,8 @@
 from chemtrain.models.mace.model import MaceConfig, Layer, node_energies
 from chemtrain.models.mace.params import init_params, param_shapes
 from chemtrain.models.mace.energy import (energy_fn_template, species_to_elements, check_species,
-                                          UnknownElementError, LENGTH_TO_ANGSTROM, ENERGY_TO_KJ_PER_MOL,
-                                          CHECK_VMA)
+                                          LENGTH_TO_ANGSTROM, ENERGY_TO_KJ_PER_MOL, CHECK_VMA)
+from chemtrain.models.species import UnknownElementError
 from chemtrain.models.mace.io import (save, load, load_mace_torch, config_from_json,
                                       UnsupportedModelError, UntrustedFileError)
 from chemtrain.models.mace.export import export_mace_torch

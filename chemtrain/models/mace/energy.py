@@ -19,7 +19,6 @@ from chemtrain.models.mace.model import MaceConfig, node_energies
 from chemtrain.models.mace.heads import default_head
 from chemtrain.neighbors import GRAPH_KEYS, check_minimum_image, edge_vectors
 from chemtrain.models.template import EnergyTemplate, periodic
-from chemtrain.models.species import UnknownElementError  # noqa: F401  (chemtrain.models.mace's name)
 from chemtrain.models.species import check_species as species_check
 
 LENGTH_TO_ANGSTROM = 1.0 / units.ANGSTROM_TO_NM   # nm -> Angstrom
