@@ -32,6 +32,21 @@ fi
 # sevenn is installed for its files and never imported; its e3nn >= 0.5
 # would conflict with mace-torch's pinned e3nn 0.4.4, so no dependencies.
 "$PY" -m pip install $Q --no-deps sevenn==0.13.0
+# sevenn's own calculator, for the tests that load a checkpoint chemtrain
+# wrote: the imports it needs beyond chemtrain's environment (e3nn 0.6
+# among them), unpacked into a side folder that only those tests'
+# subprocesses put on PYTHONPATH.
+SIDE="$VENV/sevenn-side"
+if [ ! -d "$SIDE/e3nn" ]; then
+  tmp=$(mktemp -d)
+  "$PY" -m pip download $Q --no-deps -d "$tmp" e3nn==0.6.0 torch_geometric==2.8.1 \
+    xxhash==4.1.0 braceexpand==0.1.7 scikit-learn==1.9.1 joblib==1.6.0 threadpoolctl==3.8.0 \
+    cloudpickle==3.1.3 narwhals==2.29.0
+  rm -rf "$SIDE.part"
+  for f in "$tmp"/*.whl; do "$PY" -m zipfile -e "$f" "$SIDE.part"; done
+  mv "$SIDE.part" "$SIDE"
+  rm -rf "$tmp"
+fi
 "$PY" -m pip install $Q --no-deps -e .
 echo "$want" > "$STAMP"
 echo "chemtrain environment ready in $VENV"

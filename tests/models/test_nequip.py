@@ -116,3 +116,66 @@ def test_refusals(models, tmp_path):
         params, jnp.array([[0.0, 0, 0], [0.1, 0, 0]]),
         Graph(jnp.array([0, 1]), jnp.array([1, 0]), jnp.zeros((2, 3))), jnp.array([1, 118]))
     assert np.isnan(float(energy))
+
+
+def perturbed(params, seed=0):
+    """Every weight moved by about 5 % (float32 values, as a file holds)."""
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda a: np.asarray(np.asarray(a) * (
+        1 + 0.05 * rng.standard_normal(np.shape(a))), np.float32).astype(np.float64), params)
+
+
+@pytest.mark.parametrize("name", ["7net-0_22may2024", "7net-l3i5"])
+def test_a_written_checkpoint_reads_back_exactly(models, name, tmp_path):
+    """save_sevennet inverts the loader's conversions (old names; column
+    order and signs of l3i5's paths) for every weight."""
+    from chemtrain.models.nequip import save_sevennet
+    cfg, params = models[name]
+    moved = perturbed(params)
+    path = save_sevennet(str(tmp_path / "tuned.pth"), moved, name, trusted=True)
+    cfg_back, back = nequip.load_sevennet(path, trusted=True)
+    assert cfg_back == cfg
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(moved)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        save_sevennet(path, moved, name, trusted=True)
+
+
+def test_sevenns_own_calculator_loads_a_written_checkpoint(models, tmp_path):
+    """SevenNet-0 with every weight moved, written by chemtrain: sevenn's
+    ASE calculator (its own loader, float32) gives chemtrain's energies,
+    forces and stress of the moved weights, not the published model's."""
+    import subprocess
+    import sys
+    from chemtrain.models.nequip import save_sevennet
+    side = os.path.join(sys.prefix, "sevenn-side")
+    assert os.path.isdir(os.path.join(side, "e3nn")), (
+        f"{side} is missing: scripts/setup.sh unpacks sevenn's imports there")
+    cfg, params = models["7net-0"]
+    moved = perturbed(params)
+    path = save_sevennet(str(tmp_path / "tuned.pth"), moved, "7net-0", trusted=True)
+    with open(tmp_path / "in.json", "w") as f:
+        json.dump(REFERENCE["structures"], f)
+    subprocess.run([sys.executable, os.path.join(paths.SUPPORT, "sevenn_calculator.py"), path,
+                    str(tmp_path / "in.json"), str(tmp_path / "out.json")], check=True,
+                   env={**os.environ, "PYTHONPATH": side}, timeout=300)
+    with open(tmp_path / "out.json") as f:
+        theirs = json.load(f)
+    for structure, want in theirs.items():
+        got = chemtrain_results(cfg, moved, structure)
+        published = REFERENCE["models"]["7net-0"][structure]["energy"]
+        assert abs(got["energy"] - published) > 0.01   # the weights did move the energy
+        # sevenn computes in float32: measured 3e-6 eV, 1.5e-6 eV/A, 1.4e-7 eV/A^3
+        assert abs(got["energy"] - want["energy"]) <= 2e-5
+        np.testing.assert_allclose(got["forces"], want["forces"], rtol=0, atol=2e-5)
+        if want["stress"] is not None:
+            np.testing.assert_allclose(got["stress"], want["stress"], rtol=0, atol=2e-6)
+
+
+def test_a_model_of_another_architecture_is_not_written(models, tmp_path):
+    from chemtrain.models.nequip import save_sevennet
+    _, params = models["7net-l3i5"]
+    with pytest.raises(ValueError, match=r"params\['layers'\]\[0\].* has shape .* the template "
+                                         r"needs"):
+        save_sevennet(str(tmp_path / "x.pth"), params, "7net-0", trusted=True)
+    assert not os.path.exists(tmp_path / "x.pth")

@@ -178,6 +178,33 @@ def _blocks(flat, ls_in: dict, ls_out: dict) -> dict:
     return out
 
 
+def _stored_columns(cfg: NequipConfig, t: int, get) -> list:
+    """(path, width, sign) of layer ``t``'s radial-MLP output columns as a
+    checkpoint before sevenn 0.11 stores them: in e3nn's order of generation,
+    a path negated where its stored Clebsch-Gordan buffer is the negative of
+    e3nn's."""
+    x, out = ls_of(cfg.irreps[t]), []
+    for path in generated_paths(cfg, t):
+        sign = 1.0
+        if min(path) > 0:
+            stored = get(f"{t}_convolution.convolution._compiled_main_left_right."
+                         f"_w3j_{path[0]}_{path[1]}_{path[2]}")
+            sign = float(np.sign(np.sum(stored * _cg(*path) / np.sqrt(2 * path[2] + 1))))
+        out.append((path, x[path[0]], sign))
+    return out
+
+
+def _reorder(matrix, have: list, want: list):
+    """``matrix``'s column blocks, laid out as ``have`` ((path, width, sign)
+    in order), rearranged as ``want``; each block is multiplied by both
+    signs (each is +-1, so this converts either way)."""
+    blocks, start = {}, 0
+    for path, width, sign in have:
+        blocks[path] = (matrix[:, start:start + width], sign)
+        start += width
+    return np.concatenate([blocks[p][0] * blocks[p][1] * sign for p, _, sign in want], axis=1)
+
+
 def params_of(cfg: NequipConfig, config: dict, state: dict, dtype=np.float64) -> dict:
     """The parameters of a checkpoint's state (numpy, ``dtype``)."""
     def get(key):
@@ -195,18 +222,8 @@ def params_of(cfg: NequipConfig, config: dict, state: dict, dtype=np.float64) ->
         radial = [get(f"{t}_convolution.weight_nn.layer{k}.weight")
                   for k in range(len(shape["radial"]))]
         if old:   # columns in the order of generation, some paths of the opposite sign
-            last, start, columns = radial[-1], 0, {}
-            for path in generated_paths(cfg, t):
-                mul = x[path[0]]
-                sign = 1.0
-                if min(path) > 0:
-                    stored = get(f"{t}_convolution.convolution._compiled_main_left_right."
-                                 f"_w3j_{path[0]}_{path[1]}_{path[2]}")
-                    ours = _cg(*path) / np.sqrt(2 * path[2] + 1)
-                    sign = float(np.sign(np.sum(stored * ours)))
-                columns[path] = sign * last[:, start:start + mul]
-                start += mul
-            radial[-1] = np.concatenate([columns[p] for p in conv_paths(cfg, t)], axis=1)
+            radial[-1] = _reorder(radial[-1], _stored_columns(cfg, t, get),
+                                  [(p, x[p[0]], 1.0) for p in conv_paths(cfg, t)])
         layer = {"self_connection": _blocks(sc, x, {int(k[1:]): v[1] for k, v in
                                                     shape["self_connection"].items()}),
                  "linear_1": _blocks(lin1, x, x),
@@ -230,6 +247,30 @@ def params_of(cfg: NequipConfig, config: dict, state: dict, dtype=np.float64) ->
     return jax.tree.map(lambda a: np.asarray(a, dtype), params)
 
 
+def _read(name_or_path: str, trusted) -> tuple:
+    """``(path, config, state, keys)`` of a checkpoint: ``state`` by today's
+    names (numpy), ``keys`` each name's key in the file."""
+    path = resolve(name_or_path)
+    if trusted is not True:
+        raise UntrustedFileError(UNTRUSTED.format(path=path))
+    torch = import_torch()
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    if not (isinstance(checkpoint, dict) and "config" in checkpoint
+            and "model_state_dict" in checkpoint):
+        raise UnsupportedSevenNetError(f"{path!r} is not a SevenNet checkpoint (a dict with "
+                                       f"'config' and 'model_state_dict').")
+    config = dict(checkpoint["config"])
+    state, keys = {}, {}
+    for stored, value in checkpoint["model_state_dict"].items():
+        key = stored
+        if _version(config) < (0, 10, 0):
+            for pattern, new in _OLD_NAMES:
+                key = re.sub(pattern, new, key)
+        state[key] = value.detach().cpu().numpy() if hasattr(value, "detach") else value
+        keys[key] = stored
+    return path, config, state, keys
+
+
 def load_sevennet(name_or_path: str, *, trusted: bool = False, dtype=np.float64):
     """Read a SevenNet checkpoint: ``(NequipConfig, params)``.
 
@@ -245,21 +286,6 @@ def load_sevennet(name_or_path: str, *, trusted: bool = False, dtype=np.float64)
         reproduce (named), or weights that do not fit the config.
       FileNotFoundError: see :func:`resolve`.
     """
-    path = resolve(name_or_path)
-    if trusted is not True:
-        raise UntrustedFileError(UNTRUSTED.format(path=path))
-    torch = import_torch()
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    if not (isinstance(checkpoint, dict) and "config" in checkpoint
-            and "model_state_dict" in checkpoint):
-        raise UnsupportedSevenNetError(f"{path!r} is not a SevenNet checkpoint (a dict with "
-                                       f"'config' and 'model_state_dict').")
-    config = dict(checkpoint["config"])
-    state = {}
-    for key, value in checkpoint["model_state_dict"].items():
-        if _version(config) < (0, 10, 0):
-            for pattern, new in _OLD_NAMES:
-                key = re.sub(pattern, new, key)
-        state[key] = value.detach().cpu().numpy() if hasattr(value, "detach") else value
+    _, config, state, _ = _read(name_or_path, trusted)
     cfg = config_of(config, state)
     return cfg, params_of(cfg, config, state, dtype)
