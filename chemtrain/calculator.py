@@ -10,8 +10,9 @@ function compiles once per atom count and capacity.
 Two kinds of models:
 
 - MACE (:meth:`ChemtrainCalculator.from_mace`, from a file written by
-  :func:`chemtrain.models.mace.save` or from ``(cfg, params)``): every
-  periodic image within the cutoff is an edge, as in mace-torch, so cells of
+  :func:`chemtrain.models.mace.save` or from ``(cfg, params)``) and NequIP
+  (:meth:`ChemtrainCalculator.from_nequip`, likewise): every periodic image
+  within the cutoff is an edge, as in mace-torch and sevenn, so cells of
   any size and partly periodic cells work. Stress for cells periodic in all
   three directions.
 - Any chemtrain energy template (``params -> energy_fn(positions, neighbor,
@@ -30,10 +31,10 @@ import logging
 import math
 
 import numpy as np
-from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
-from ase.stress import full_3x3_to_voigt_6_stress
+from ase.calculators.calculator import Calculator, all_changes
 
-from chemtrain.calculator_models import MaceModel, TemplateModel
+from chemtrain.calculator_models import (MaceModel, NequipModel, TemplateModel, _members,
+                                         check_atoms, stress_of)
 from chemtrain.neighbors import host_edges
 
 log = logging.getLogger(__name__)
@@ -151,6 +152,30 @@ class ChemtrainCalculator(Calculator):
         self = cls.__new__(cls)
         Calculator.__init__(self, **kwargs)
         self._setup(MaceModel(cfg, method, head=head), params, capacity, growth, dtype)
+        return self
+
+    @classmethod
+    def from_nequip(cls, model, params=None, *, capacity: int | None = None,
+                    growth: float = 1.5, dtype=None, **kwargs):
+        """A calculator for a chemtrain NequIP model: ``model`` is the path
+        of a file written by :func:`chemtrain.models.nequip.save`, or a
+        :class:`~chemtrain.models.nequip.NequipConfig` given with ``params``
+        (e.g. :func:`~chemtrain.models.nequip.load_sevennet`'s). Every
+        periodic image within the cutoff is an edge, as in sevenn, so cells
+        of any size and partly periodic cells work."""
+        from chemtrain.models import nequip
+        if isinstance(model, nequip.NequipConfig):
+            if params is None:
+                raise ValueError("from_nequip(cfg, params): a NequipConfig needs its params.")
+            cfg = model
+        else:
+            if params is not None:
+                raise ValueError("from_nequip(path): params come from the file; pass either a "
+                                 "path or (cfg, params).")
+            cfg, params = nequip.load(str(model))
+        self = cls.__new__(cls)
+        Calculator.__init__(self, **kwargs)
+        self._setup(NequipModel(cfg), params, capacity, growth, dtype)
         return self
 
     def _setup(self, model, params, capacity, growth, dtype):
@@ -280,29 +305,32 @@ class CommitteeCalculator(ChemtrainCalculator):
         """
         from chemtrain.learn.ensemble import as_stacked
         from chemtrain.models import mace
-        if isinstance(models, mace.MaceConfig):
-            if params is None:
-                raise ValueError("from_mace(cfg, params): a MaceConfig needs the members' params.")
-            cfg, members = models, params
-        else:
-            if params is not None:
-                raise ValueError("from_mace(paths): params come from the files; pass either "
-                                 "paths or (cfg, params).")
-            loaded = [mace.load(str(path)) for path in models]
-            if not loaded:
-                raise ValueError("from_mace: no model files given.")
-            cfg = loaded[0][0]
-            for path, (c, _) in zip(models, loaded):
-                if c != cfg:
-                    diff = [f for f in cfg.__dataclass_fields__ if getattr(c, f) != getattr(cfg, f)]
-                    raise ValueError(f"{str(path)!r} is a model of another architecture than "
-                                     f"{str(models[0])!r} (they differ in {diff}): a committee's "
-                                     f"members share one architecture.")
-            members = [p for _, p in loaded]
+        cfg, members = _members(models, params, "from_mace", mace.MaceConfig, mace.load)
         self = cls.__new__(cls)
         Calculator.__init__(self, **kwargs)
         self._setup(MaceModel(cfg, method, members=True, head=head), as_stacked(members),
                     capacity, growth, dtype)
+        return self
+
+    @classmethod
+    def from_nequip(cls, models, params=None, *, capacity: int | None = None,
+                    growth: float = 1.5, dtype=None, **kwargs):
+        """A committee of chemtrain NequIP models: paths of files written by
+        :func:`chemtrain.models.nequip.save` (one architecture), or one
+        :class:`~chemtrain.models.nequip.NequipConfig` with the members'
+        ``params``; every periodic image is an edge, as in
+        :meth:`ChemtrainCalculator.from_nequip`.
+
+        Raises:
+          ValueError: a file of another architecture than the first (named),
+            fewer than two members.
+        """
+        from chemtrain.learn.ensemble import as_stacked
+        from chemtrain.models import nequip
+        cfg, members = _members(models, params, "from_nequip", nequip.NequipConfig, nequip.load)
+        self = cls.__new__(cls)
+        Calculator.__init__(self, **kwargs)
+        self._setup(NequipModel(cfg, members=True), as_stacked(members), capacity, growth, dtype)
         return self
 
     @property
@@ -325,42 +353,3 @@ class CommitteeCalculator(ChemtrainCalculator):
         if stresses is not None:
             self.results.update(stress=stresses.mean(0), stress_std=committee_spread(stresses),
                                 member_stresses=stresses)
-
-
-def check_atoms(atoms, want_stress: bool) -> None:
-    """Refuse structures a calculator cannot evaluate: stress without a fully
-    periodic cell (``PropertyNotImplementedError``), a periodic cell without
-    volume, non-finite positions or cell (``ValueError``)."""
-    pbc = np.asarray(atoms.pbc, bool)
-    if want_stress and not pbc.all():
-        raise PropertyNotImplementedError(
-            f"stress needs a cell periodic in all three directions, these atoms have pbc "
-            f"{pbc.tolist()}.")
-    if pbc.all() and atoms.get_volume() < 1e-9:
-        raise ValueError(f"These atoms are periodic (pbc {pbc.tolist()}) but their cell has no "
-                         f"volume ({atoms.cell.array.tolist()}); set a cell with atoms.set_cell.")
-    positions = atoms.get_positions()
-    if not np.all(np.isfinite(positions)):
-        bad = np.nonzero(~np.all(np.isfinite(positions), axis=1))[0]
-        raise ValueError(f"Atom(s) {bad[:10].tolist()} have non-finite positions "
-                         f"({positions[bad[0]].tolist()}); an energy of such a structure "
-                         f"means nothing. Check the structure (or the dynamics that made it).")
-    if pbc.any() and not np.all(np.isfinite(atoms.cell.array)):
-        raise ValueError(f"The cell has non-finite entries ({atoms.cell.array.tolist()}).")
-
-
-def stress_of(atoms, virial, want_stress: bool):
-    """The Voigt stress (eV/Angstrom^3) of a fully periodic cell from the
-    virial (eV, stacked members give stacked stresses), None where there is
-    none; ``PropertyNotImplementedError`` where one was asked for but the
-    template ignores ``perturbation=``."""
-    if np.all(atoms.pbc) and virial is not None:
-        return full_3x3_to_voigt_6_stress(np.asarray(virial) / atoms.get_volume())
-    if want_stress:
-        raise PropertyNotImplementedError(
-            "stress: the energy's derivative with respect to perturbation= is exactly zero, "
-            "so the energy template ignores that keyword (or nothing in the cell interacts) "
-            "and the stress is unknown. Pass energy_fn's keyword arguments on to the jax-md "
-            "displacement function (displacement(Ra, Rb, **kwargs)), as "
-            "chemtrain.models.pair does.")
-    return None

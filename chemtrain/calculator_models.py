@@ -3,16 +3,21 @@ how each packs and pads the host-built edges, and how it computes the energy,
 the forces and the virial.
 
 - :class:`MaceModel`: chemtrain MACE on edges with explicit periodic shifts
-  (Angstrom, eV), one compiled function per configuration and method.
+  (Angstrom, eV), one compiled function per configuration and method;
+  :class:`NequipModel` the same for NequIP.
 - :class:`TemplateModel`: a chemtrain energy template (nm, kJ/mol) on a
   jax-md-style neighbor list built on the host (minimum image in periodic
   cells), with the check that the template is periodic in the cell it gets.
 
-Also the unit factors between ASE's units and chemtrain's that both use.
+Also the unit factors between ASE's units and chemtrain's that both use, the
+checks of an ASE ``Atoms`` and its stress, and the loading of a committee's
+member files.
 """
 from __future__ import annotations
 
 import numpy as np
+from ase.calculators.calculator import PropertyNotImplementedError
+from ase.stress import full_3x3_to_voigt_6_stress
 
 from chemtrain import units
 from chemtrain.neighbors import Graph, check_minimum_image, edge_vectors, fixed_neighbor_list
@@ -75,6 +80,22 @@ class MaceModel:
         return np.asarray(E, np.float64), -np.asarray(gR, np.float64), np.asarray(gS, np.float64)
 
 
+class NequipModel(MaceModel):
+    """Chemtrain NequIP on the same edges as :class:`MaceModel` (every
+    periodic image; Angstrom, eV)."""
+
+    def __init__(self, cfg, members: bool = False):
+        self.cfg = cfg
+        self.cutoff = float(cfg.cutoff)
+        self.head = None
+        self._fn, self._traces = nequip_function(cfg, members)
+        self._table = cfg.element_table()
+
+    def check(self, atoms) -> None:
+        from chemtrain.models.nequip.energy import check_species
+        check_species(self.cfg, np.asarray(atoms.numbers))
+
+
 def mace_function(cfg, method, members: bool = False, head: int | None = None):
     """The compiled ``(params, R, cell, strain, senders, receivers, shifts,
     element) -> (energy, (dE/dR, dE/dstrain))`` of a MACE model (Angstrom,
@@ -82,11 +103,30 @@ def mace_function(cfg, method, members: bool = False, head: int | None = None):
     committee's stacked parameters with ``members``; shared by every
     calculator of the same configuration, method and head. Also returns a
     one-element list counting its traces."""
-    key = (cfg, method, members, head)
+    def node_fn(params, vec, s, r, real, element, node_mask):
+        import jax.numpy as jnp
+        from chemtrain.models.mace.model import node_energies
+        return node_energies(params, cfg, vec, senders=s, receivers=r, edge_mask=real,
+                             element=element, node_mask=node_mask, method=method,
+                             head=None if head is None else jnp.asarray(head, jnp.int32))
+    return graph_function(("mace", cfg, method, members, head), node_fn, members)
+
+
+def nequip_function(cfg, members: bool = False):
+    """As :func:`mace_function`, for a NequIP model."""
+    def node_fn(params, vec, s, r, real, element, node_mask):
+        from chemtrain.models.nequip.model import node_energies
+        return node_energies(params, cfg, vec, s, r, real, element, node_mask)
+    return graph_function(("nequip", cfg, members), node_fn, members)
+
+
+def graph_function(key, node_fn, members: bool):
+    """The compiled energy and gradients of ``node_fn`` (atomic energies of
+    edge vectors in Angstrom) on a graph of every periodic image, cached
+    under ``key``; with its trace counter."""
     if key not in _MACE_FUNCTIONS:
         import jax
         import jax.numpy as jnp
-        from chemtrain.models.mace.model import node_energies
         traces = [0]
 
         def energy(params, R, cell, strain, send, recv, shifts, element):
@@ -95,10 +135,7 @@ def mace_function(cfg, method, members: bool = False, head: int | None = None):
             # the cell vectors), strained as jax-md strains displacements
             s, r, vec, real = edge_vectors(None, R, Graph(send, recv, shifts), box=cell.T,
                                            perturbation=_deformation(strain))
-            e = node_energies(params, cfg, vec, senders=s, receivers=r, edge_mask=real,
-                              element=element, node_mask=jnp.ones(R.shape[0], bool), method=method,
-                              head=None if head is None else jnp.asarray(head, jnp.int32))
-            return jnp.sum(e)
+            return jnp.sum(node_fn(params, vec, s, r, real, element, jnp.ones(R.shape[0], bool)))
         fn = jax.value_and_grad(energy, argnums=(1, 3))
         if members:
             fn = jax.vmap(fn, in_axes=(0, *[None] * 7))
@@ -238,3 +275,66 @@ class TemplateModel:
                 f"Build the template with space.periodic_general(box, "
                 f"fractional_coordinates=False) so that it uses the box= passed per call.")
         self._checked_periodic = True
+
+
+def _members(models, params, name: str, config_class, load):
+    """(cfg, list of members' params) of committee files, or of ``(cfg,
+    params)``; files of different architectures are refused by name."""
+    if isinstance(models, config_class):
+        if params is None:
+            raise ValueError(f"{name}(cfg, params): a {config_class.__name__} needs the "
+                             f"members' params.")
+        return models, params
+    if params is not None:
+        raise ValueError(f"{name}(paths): params come from the files; pass either paths or "
+                         f"(cfg, params).")
+    loaded = [load(str(path)) for path in models]
+    if not loaded:
+        raise ValueError(f"{name}: no model files given.")
+    cfg = loaded[0][0]
+    for path, (c, _) in zip(models, loaded):
+        if c != cfg:
+            diff = [f for f in cfg.__dataclass_fields__ if getattr(c, f) != getattr(cfg, f)]
+            raise ValueError(f"{str(path)!r} is a model of another architecture than "
+                             f"{str(models[0])!r} (they differ in {diff}): a committee's "
+                             f"members share one architecture.")
+    return cfg, [p for _, p in loaded]
+
+
+def check_atoms(atoms, want_stress: bool) -> None:
+    """Refuse structures a calculator cannot evaluate: stress without a fully
+    periodic cell (``PropertyNotImplementedError``), a periodic cell without
+    volume, non-finite positions or cell (``ValueError``)."""
+    pbc = np.asarray(atoms.pbc, bool)
+    if want_stress and not pbc.all():
+        raise PropertyNotImplementedError(
+            f"stress needs a cell periodic in all three directions, these atoms have pbc "
+            f"{pbc.tolist()}.")
+    if pbc.all() and atoms.get_volume() < 1e-9:
+        raise ValueError(f"These atoms are periodic (pbc {pbc.tolist()}) but their cell has no "
+                         f"volume ({atoms.cell.array.tolist()}); set a cell with atoms.set_cell.")
+    positions = atoms.get_positions()
+    if not np.all(np.isfinite(positions)):
+        bad = np.nonzero(~np.all(np.isfinite(positions), axis=1))[0]
+        raise ValueError(f"Atom(s) {bad[:10].tolist()} have non-finite positions "
+                         f"({positions[bad[0]].tolist()}); an energy of such a structure "
+                         f"means nothing. Check the structure (or the dynamics that made it).")
+    if pbc.any() and not np.all(np.isfinite(atoms.cell.array)):
+        raise ValueError(f"The cell has non-finite entries ({atoms.cell.array.tolist()}).")
+
+
+def stress_of(atoms, virial, want_stress: bool):
+    """The Voigt stress (eV/Angstrom^3) of a fully periodic cell from the
+    virial (eV, stacked members give stacked stresses), None where there is
+    none; ``PropertyNotImplementedError`` where one was asked for but the
+    template ignores ``perturbation=``."""
+    if np.all(atoms.pbc) and virial is not None:
+        return full_3x3_to_voigt_6_stress(np.asarray(virial) / atoms.get_volume())
+    if want_stress:
+        raise PropertyNotImplementedError(
+            "stress: the energy's derivative with respect to perturbation= is exactly zero, "
+            "so the energy template ignores that keyword (or nothing in the cell interacts) "
+            "and the stress is unknown. Pass energy_fn's keyword arguments on to the jax-md "
+            "displacement function (displacement(Ra, Rb, **kwargs)), as "
+            "chemtrain.models.pair does.")
+    return None
