@@ -27,6 +27,7 @@ import sys
 import numpy as np
 
 from . import data as D
+from . import family as F
 from . import model as M
 from . import replay as P
 from . import report as R
@@ -65,10 +66,13 @@ def run(argv=None) -> dict:
       set), ``n_test``, ``test_rows`` (the rows of ``--train_file`` tested
       on; None when the test set is ``--test_file``, empty when it is
       ``--valid_file``), ``parallelism`` (the strategy's name), ``n_shards``,
-      ``train_file`` and ``config`` (the MACE configuration as a dict). On
-      the root process also the paths ``model_npz``, ``model_torch`` (unless
-      ``--no_torch_export``) and ``curve_plot`` (when a learning curve was
-      drawn); a committee's ``members_npz`` and ``members_torch``.
+      ``train_file``, ``model`` (``'MACE'`` or ``'NequIP'``) and ``config``
+      (the model's configuration as a dict). On
+      the root process also the paths ``model_npz``, ``model_torch`` (a
+      MACE's mace-torch file) or ``model_sevennet`` (a NequIP fine-tuned from
+      a SevenNet checkpoint, as one; neither with ``--no_torch_export``) and
+      ``curve_plot`` (when a learning curve was drawn); a committee's
+      ``members_npz`` and ``members_torch`` or ``members_sevennet``.
       ``results.json`` records these files relative to ``--results_dir``.
 
     Raises:
@@ -82,6 +86,9 @@ def run(argv=None) -> dict:
     """
     args = parse_args(argv)
     size_flags = given(argv, M.SIZE_FLAGS)
+    flags = given(argv, ("model", "E0s", "weight_decay"))
+    family = F.of(args, flags)   # a SevenNet name becomes its file
+    family_note = F.check_flags(family, args, flags)
     P.check_flags(args, argv)
     replay_note = P.mace_torch_settings(args, argv) if P.active(args) else None
     T.check_flags(args, argv)   # after replay's settings (its 'universal' loss takes a delta)
@@ -91,7 +98,6 @@ def run(argv=None) -> dict:
     from ..compile_cache import enable
     enable(args.jax_cache)
     import jax.numpy as jnp
-    from ..models import mace
     from ..learn import optimizers
     from ..trainers import EnsembleOfModels, ForceMatching, RunOptions
     dtype = np.float64 if args.default_dtype == "float64" else np.float32
@@ -104,19 +110,21 @@ def run(argv=None) -> dict:
     check_plausible(args, sets, rows)
     train = sets["training"]
     everything = [s for s in sets.values() if s is not None]
-    notes = []
+    notes = [family_note] if family_note else []
 
     # the starting model
+    rms = 1.0   # the output scale of a new model (eV/A), set below
     if args.foundation_model:
-        cfg, params = M.load_foundation(args.foundation_model, args.trust_foundation_model)
-        cfg, params, head_note = M.foundation_head(cfg, params, args.foundation_model,
-                                                   args.foundation_head)
-        notes += [head_note] if head_note else []
+        cfg, params = family.load(args.foundation_model, args.trust_foundation_model)
+        if family.name == "MACE":
+            cfg, params, head_note = M.foundation_head(cfg, params, args.foundation_model,
+                                                       args.foundation_head)
+            notes += [head_note] if head_note else []
         for s in everything:
             M.check_elements(cfg, s["species"], s["mask"], args.foundation_model)
-        M.check_sizes_unused(cfg, args, size_flags, args.foundation_model)
-        notes.append(f"Fine-tuning {args.foundation_model}: {M.describe(cfg, params)}.")
-    r_max = cfg.r_max if args.foundation_model else args.r_max
+        M.check_sizes_unused(cfg, args, size_flags, args.foundation_model, family.name)
+        notes.append(f"Fine-tuning {args.foundation_model}: {family.describe(cfg, params)}.")
+    r_max = family.r_max(cfg) if args.foundation_model else args.r_max
     for path in (args.train_file, args.valid_file, args.test_file):
         if path:
             D.check_graph_cutoff(path, r_max * D.LENGTH)
@@ -127,18 +135,21 @@ def run(argv=None) -> dict:
         z = np.unique(np.concatenate([s["species"][s["mask"].astype(bool)] for s in everything]))
         rms = float(np.sqrt(np.mean(train["F"][train["mask"].astype(bool)] ** 2))) / D.FORCE \
             if "F" in train else 1.0
-        cfg = M.random_config(z.tolist(), D.mean_pairs(sample), rms,
-                              **{k: getattr(args, k) for k in M.SIZE_FLAGS})
-        params = mace.init_params(cfg, jax.random.PRNGKey(args.seed), dtype)
-        notes.append(f"No --foundation_model: a random MACE, {M.describe(cfg, params)}.")
-    params = jax.tree.map(lambda p: jnp.asarray(p, dtype), params)
+        cfg = family.random(z.tolist(), D.mean_pairs(sample), rms, args, size_flags)
+        params = family.init(cfg, jax.random.PRNGKey(args.seed), dtype, rms)
+        notes.append(f"No --foundation_model: a random {family.name}, "
+                     f"{family.describe(cfg, params)}.")
+    cast = lambda tree: jax.tree.map(lambda p: jnp.asarray(p, dtype), tree)  # noqa: E731
+    params = cast(params)
     foundation_cfg = cfg
-    r_max_nm = cfg.r_max * D.LENGTH
+    r_max_nm = family.r_max(cfg) * D.LENGTH
     if args.E0s == "estimated" and args.foundation_model:
-        cfg, e0_note = M.estimated_e0s(cfg, params, D.to_model_arrays(
+        cfg, params, e0_note = M.estimated_e0s(family, cfg, params, D.to_model_arrays(
             train, r_max_nm, dtype, False), train)
     else:
-        cfg, e0_note = M.set_e0s(cfg, args.E0s, train, bool(args.foundation_model))
+        cfg, params, e0_note = M.set_e0s(family, cfg, params, args.E0s, train,
+                                         bool(args.foundation_model))
+    params = cast(params)
     notes.append(e0_note)
     if P.active(args):   # heads pt_head and Default; the replayed structures join the training set
         pt = P.load_pretraining(args, foundation_cfg, weights, args.seed)
@@ -189,9 +200,9 @@ def run(argv=None) -> dict:
                         "--n_test or --test_fraction, or --valid_fraction above 0.")
 
     n_train = len(sets["training"]["R"]) if not hdf5 else len(rows["training"])
-    optimizer, opt_note = T.optimizer(args, params, n_train // args.batch_size)
+    optimizer, opt_note = T.optimizer(args, params, n_train // args.batch_size, family.untrained)
     notes.append(opt_note)
-    template = mace.energy_fn_template(cfg, displacement)
+    template = family.template(cfg, displacement)
     ckpt_dir = os.path.join(out, "checkpoints")
     if args.ensemble_size > 1 and hdf5:
         raise DataError("--ensemble_size trains from in-memory data (each member draws its "
@@ -209,7 +220,8 @@ def run(argv=None) -> dict:
                        losses=losses,
                        options=RunOptions(epoch_line=R.epoch_line(ready.get("validation"))))
         if args.ensemble_size > 1:
-            trainer = EnsembleOfModels(M.committee_params(cfg, params, args, dtype), optimizer,
+            trainer = EnsembleOfModels(M.committee_params(family, cfg, params, args, dtype, rms),
+                                       optimizer,
                                        template, nbrs_init, bootstrap=args.ensemble_bootstrap,
                                        **options)
         else:
@@ -228,7 +240,8 @@ def run(argv=None) -> dict:
         its first epoch, or later): its best model is stage two's own."""
         two = T.stage_two_args(args)
         g2 = {t: w * u_factor if t == "U" else w for t, w in M.gammas(two).items()}
-        trainer = build(T.optimizer(two, params, n_train // args.batch_size)[0], g2)
+        trainer = build(T.optimizer(two, params, n_train // args.batch_size,
+                                    family.untrained)[0], g2)
         restore(trainer, [checkpoint])
         if trainer.epoch == start_two:
             # the loss weights change: so does the scale of the best loss, and a
@@ -242,9 +255,8 @@ def run(argv=None) -> dict:
     trainer = build(optimizer, gammas)
     root = trainer.strategy.is_root
     say = print if root else (lambda *a, **k: None)
-    setup = setup_record(args, sets, rows, not args.foundation_model)
-    check_ranks_agree(trainer.strategy, {**setup, "the model (E0s included)":
-                                          json.loads(cfg.to_json())})
+    setup = {**setup_record(args, sets, rows, not args.foundation_model), "--model": family.name}
+    check_ranks_agree(trainer.strategy, {**setup, "the model (E0s included)": family.config(cfg)})
     record = os.path.join(ckpt_dir, "setup.json")
     if earlier:
         check_resumed(setup, record)
@@ -310,7 +322,7 @@ def run(argv=None) -> dict:
                "n_test": len(test["R"]), "test_rows": rows[test_stage].tolist()
                if not (test_stage == "testing" and args.test_file) else None,
                "parallelism": trainer.strategy.name, "n_shards": trainer.strategy.n_shards,
-               "train_file": args.train_file, "config": json.loads(cfg.to_json())}
+               "train_file": args.train_file, "model": family.name, "config": family.config(cfg)}
     if root:
         os.makedirs(out, exist_ok=True)  # also after 0 epochs, when nothing else made it
         plot = os.path.join(out, "parity.png")
@@ -320,11 +332,11 @@ def run(argv=None) -> dict:
         curve = os.path.join(out, "curve.png")
         if os.path.exists(metrics) and R.curve_plot(curve, metrics):
             results["curve_plot"] = curve
-        results.update(M.write_models(out, args, cfg, trainer, final))
+        results.update(M.write_models(out, args, family, cfg, trainer, final))
         with open(os.path.join(out, "results.json"), "w") as f:
             json.dump(M.relative_files(results, out), f, indent=1)
         say(f"Parity plot: {plot}" + (f"; learning curve: {curve}" if "curve_plot" in results else ""))
-        say(R.models_note(results, args.default_dtype))
+        say(R.models_note(results, args.default_dtype, family.calculator))
     return results
 
 

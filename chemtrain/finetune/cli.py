@@ -151,21 +151,27 @@ def parser() -> argparse.ArgumentParser:
                    help="chemtrain: train on structures whose energy per atom or forces are "
                         "absurd outliers (refused by default, naming them)")
     g = p.add_argument_group("model")
+    g.add_argument("--model", default="MACE", choices=["MACE", "NequIP"],
+                   help="chemtrain: the architecture of a new model (without "
+                        "--foundation_model): MACE, or NequIP as SevenNet builds it")
     g.add_argument("--foundation_model",
-                   help="start from a mace-torch .model file or a chemtrain MACE .npz "
-                        "(default: a randomly initialised MACE of the size below)")
+                   help="start from a mace-torch .model file, a SevenNet checkpoint (.pth, or "
+                        "a name such as 'sevennet-0' for the one in the sevenn package) or a "
+                        "chemtrain .npz (default: a randomly initialised --model of the size "
+                        "below)")
     g.add_argument("--foundation_head",
                    help="the head of a --foundation_model of several heads to fine-tune "
                         "(default, as mace-torch: the first that is not 'pt_head')")
     g.add_argument("--trust_foundation_model", action="store_true",
-                   help="chemtrain: a .model file is a pickle that can run code; read it only "
-                        "from a source you trust")
+                   help="chemtrain: a .model or .pth file is a pickle that can run code; read "
+                        "it only from a source you trust")
     g.add_argument("--E0s", default="average",
                    help="'average' (least squares of the training energies on the element "
                         "counts, as mace-torch), 'foundation' (keep the foundation model's), "
                         "'estimated' (the foundation's, corrected by least squares on its energy "
                         "errors on the training set, as mace-torch), or a dict such as "
-                        "'{1: -13.6, 6: -1027.6}' (eV)")
+                        "'{1: -13.6, 6: -1027.6}' (eV); a NequIP's E0s are its per-element shift, "
+                        "and fine-tuning one keeps them ('foundation') unless this is given")
     g.add_argument("--num_channels", type=_AT_LEAST_ONE, default=8, help="channels of the hidden features")
     g.add_argument("--max_L", type=int, default=0, help="highest L of the hidden features")
     g.add_argument("--max_ell", type=int, default=1, help="highest l of the spherical harmonics")

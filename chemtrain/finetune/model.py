@@ -4,7 +4,6 @@ weights in chemtrain's units."""
 from __future__ import annotations
 
 import ast
-import dataclasses
 import json
 import os
 
@@ -70,8 +69,14 @@ def sizes(cfg) -> dict:
             "MLP_irreps": cfg.mlp_irreps}
 
 
-def check_sizes_unused(cfg, args, given: set, path: str) -> None:
+def check_sizes_unused(cfg, args, given: set, path: str, family: str = "MACE") -> None:
     """Size flags set on the command line that a foundation model overrides."""
+    if family != "MACE":
+        if given:
+            raise DataError(f"With --foundation_model {path!r} the model keeps its own size, so "
+                            f"{', '.join('--' + k for k in sorted(given))} would be ignored. "
+                            f"Remove those flags.")
+        return
     own = sizes(cfg)
     differ = lambda a, b: (abs(a - b) > 1e-9 * abs(b) if isinstance(b, float)  # noqa: E731
                            else a != b)
@@ -133,23 +138,24 @@ def average_e0s(atomic_numbers, d: dict) -> np.ndarray:
     return e0
 
 
-def set_e0s(cfg, how: str, train: dict, foundation: bool):
-    """``cfg`` with the E0s chosen by ``--E0s``; returns (cfg, description)."""
+def set_e0s(family, cfg, params, how: str, train: dict, foundation: bool):
+    """``(cfg, params, description)`` with the E0s chosen by ``--E0s``
+    (where they live is the ``family``'s: MACE's config, NequIP's shift)."""
     if how == "foundation":
         if not foundation:
             raise DataError("--E0s foundation needs --foundation_model.")
-        return cfg, "E0s of the foundation model"
+        return cfg, params, "E0s of the foundation model"
     if how == "estimated":
         raise DataError("--E0s estimated needs --foundation_model (it corrects the foundation's "
                         "E0s by its errors on the training set).")
+    old = family.e0s(cfg, params)
     if how == "average":
         if "U" not in train:
-            return cfg, "E0s unchanged (no energies)"
+            return cfg, params, "E0s unchanged (no energies)"
         e0 = average_e0s(cfg.atomic_numbers, train)
         present = np.isin(cfg.atomic_numbers, train["species"][train["mask"]])
-        new = tuple(float(e) if here else old for e, old, here in
-                    zip(e0, cfg.atomic_energies, present))
-        return dataclasses.replace(cfg, atomic_energies=new), "E0s 'average' of the training set"
+        return (*family.with_e0s(cfg, params, np.where(present, e0, old)),
+                "E0s 'average' of the training set")
     try:
         given = {int(k): float(v) for k, v in ast.literal_eval(how).items()}
     except (ValueError, SyntaxError, AttributeError):
@@ -162,23 +168,22 @@ def set_e0s(cfg, how: str, train: dict, foundation: bool):
     lacking = sorted(set(cfg.atomic_numbers) - set(given))
     if lacking:
         raise DataError(f"--E0s lacks the atomic numbers {lacking}.")
-    return (dataclasses.replace(cfg, atomic_energies=tuple(given[z] for z in cfg.atomic_numbers)),
+    return (*family.with_e0s(cfg, params, [given[z] for z in cfg.atomic_numbers]),
             f"E0s given: {json.dumps(given)}")
 
 
-def estimated_e0s(cfg, params, ready: dict, raw: dict):
+def estimated_e0s(family, cfg, params, ready: dict, raw: dict):
     """mace-torch's ``--E0s estimated``: the foundation's E0s plus the least
     squares correction, on each training structure's element counts, of the
     foundation model's energy errors (eV); elements absent from the data keep
     the foundation's E0s. ``ready`` is the training set with graphs (for the
-    predictions), ``raw`` its raw form; returns (cfg, description)."""
+    predictions), ``raw`` its raw form; returns (cfg, params, description)."""
     import jax
     from ..learn.force_matching import TARGETS, make_predictor
-    from ..models import mace
     if "U" not in raw:
         raise DataError("--E0s estimated fits the foundation's energy errors: the training set "
                         "needs energies.")
-    predict = make_predictor(mace.energy_fn_template(cfg), None)
+    predict = make_predictor(family.template(cfg, None), None)
     skip = {"R", *TARGETS, "U_weight", "stress_weight", "head_weight"}
     energy = jax.jit(lambda p, R, kw: predict(p, R, kw)[0]["U"])
     n, chunk, out = len(ready["R"]), 16, []
@@ -190,9 +195,9 @@ def estimated_e0s(cfg, params, ready: dict, raw: dict):
     counts = np.stack([((raw["species"] == z) & raw["mask"]).sum(1) for z in present], 1)
     correction, *_ = np.linalg.lstsq(counts.astype(float), errors, rcond=None)
     fix = dict(zip(present, correction))
-    new = tuple(float(e) + float(fix.get(z, 0.0)) for z, e in
-                zip(cfg.atomic_numbers, cfg.atomic_energies))
-    return (dataclasses.replace(cfg, atomic_energies=new),
+    new = [float(e) + float(fix.get(z, 0.0)) for z, e in
+           zip(cfg.atomic_numbers, family.e0s(cfg, params))]
+    return (*family.with_e0s(cfg, params, new),
             "E0s 'estimated': the foundation's, corrected by least squares on its energy errors "
             f"on the training set ({', '.join(f'{z}: {c:+.4g} eV' for z, c in fix.items())})")
 
@@ -220,18 +225,19 @@ def describe(cfg, params) -> str:
 
 
 
-def committee_params(cfg, params, args, dtype) -> list:
+def committee_params(family, cfg, params, args, dtype, scale: float) -> list:
     """The starting parameters of ``--ensemble_size`` members: from a
     foundation model, each member starts from its parameters (they differ in
     batch order and, with ``--ensemble_bootstrap``, in their data); a
-    random model initialises member ``k`` with ``--seed + k``."""
+    random model initialises member ``k`` with ``--seed + k`` (and the E0s
+    of ``params``)."""
     import jax
     import jax.numpy as jnp
-    from ..models import mace
     if args.foundation_model:
         return [params] * args.ensemble_size
-    return [jax.tree.map(lambda p: jnp.asarray(p, dtype),
-                         mace.init_params(cfg, jax.random.PRNGKey(args.seed + k), dtype))
+    e0s = family.e0s(cfg, params)
+    return [jax.tree.map(lambda p: jnp.asarray(p, dtype), family.with_e0s(
+        cfg, family.init(cfg, jax.random.PRNGKey(args.seed + k), dtype, scale), e0s)[1])
             for k in range(args.ensemble_size)]
 
 
@@ -253,30 +259,33 @@ def final_params(trainer, which: str):
     return trainer.strategy.to_host(trainer.eval_params), ""
 
 
-def write_models(out: str, args, cfg, trainer, params) -> dict:
+def write_models(out: str, args, family, cfg, trainer, params) -> dict:
     """Write the trained model ``params`` (``<name>.npz`` and, unless
-    ``--no_torch_export``, ``<name>.model``), or a committee's members (the
-    stacked ``params``) as ``<name>_member<k>``; return the paths for
-    ``results.json`` (``model_npz``/``model_torch``, a committee's as lists
-    ``members_npz``/``members_torch``)."""
+    ``--no_torch_export``, the home library's file: mace-torch's
+    ``<name>.model``, or for a model fine-tuned from a SevenNet checkpoint
+    ``<name>.pth``), or a committee's members (the stacked ``params``) as
+    ``<name>_member<k>``; return the paths for ``results.json``
+    (``model_npz`` and ``model_torch``/``model_sevennet``; a committee's
+    as lists ``members_npz``, ``members_torch``/``members_sevennet``)."""
     from ..learn.ensemble import member_params
-    from ..models import mace
     one = getattr(trainer, "n_members", None) is None
     members = [params] if one else [member_params(params, k) for k in range(trainer.n_members)]
     names = [args.name] if one else [f"{args.name}_member{k}" for k in range(len(members))]
-    npz, torch = [], []
+    npz, home = [], []
     for name, params in zip(names, members):
         npz.append(os.path.join(out, f"{name}.npz"))
-        mace.save(npz[-1], cfg, params)
+        family.save(npz[-1], cfg, params)
         if not args.no_torch_export:
-            torch.append(os.path.join(out, f"{name}.model"))
-            mace.export_mace_torch(cfg, params, torch[-1], overwrite=True)  # ours
+            written = family.export(os.path.join(out, name), cfg, params, args.foundation_model)
+            home += [written] if written else []
+    key = family.export_key
     if one:
-        return {"model_npz": npz[0], **({"model_torch": torch[0]} if torch else {})}
-    return {"members_npz": npz, **({"members_torch": torch} if torch else {})}
+        return {"model_npz": npz[0], **({f"model_{key}": home[0]} if home else {})}
+    return {"members_npz": npz, **({f"members_{key}": home} if home else {})}
 
 
-FILE_KEYS = ("model_npz", "model_torch", "members_npz", "members_torch", "curve_plot")
+FILE_KEYS = ("model_npz", "model_torch", "members_npz", "members_torch", "model_sevennet",
+             "members_sevennet", "curve_plot")
 
 
 def relative_files(results: dict, out: str) -> dict:

@@ -144,23 +144,30 @@ def curve_plot(path: str, metrics_file: str) -> bool:
     return True
 
 
-def models_note(results: dict, dtype: str) -> str:
-    """Where the models were written and how to load them in ASE."""
+def models_note(results: dict, dtype: str,
+                calculator: str = "ChemtrainCalculator.from_mace") -> str:
+    """Where the models were written and how to load them in ASE
+    (``calculator``: the family's constructor of a ChemtrainCalculator)."""
     if "members_npz" in results:
         files = results["members_npz"]
         text = (f"Committee: {len(files)} members, {files[0]} ... {files[-1]}"
-                + (" and their .model files" if "members_torch" in results else ""))
+                + (" and their .model files" if "members_torch" in results else "")
+                + (" and their .pth files" if "members_sevennet" in results else ""))
         return (text + "\nLoad it in ASE:\n  from chemtrain.calculator import "
-                f"CommitteeCalculator; atoms.calc = CommitteeCalculator.from_mace({files!r})\n"
+                f"CommitteeCalculator; atoms.calc = "
+                f"{calculator.replace('ChemtrainCalculator', 'CommitteeCalculator')}({files!r})\n"
                 f"Pick the structures to label next: chemtrain-select --model_dir "
                 f"{os.path.dirname(files[0]) or '.'} --pool POOL.xyz --n 20 --out picked.xyz")
     model_npz = results["model_npz"]
-    text = f"Model: {model_npz}" + (f" and {results['model_torch']}" if "model_torch" in results
-                                   else "")
+    home = results.get("model_torch") or results.get("model_sevennet")
+    text = f"Model: {model_npz}" + (f" and {home}" if home else "")
     return (text + "\nLoad it in ASE:\n"
             f"  from chemtrain.calculator import ChemtrainCalculator; "
-            f"atoms.calc = ChemtrainCalculator.from_mace({model_npz!r})"
+            f"atoms.calc = {calculator}({model_npz!r})"
             + ("" if "model_torch" not in results else
                f"\n  from mace.calculators import MACECalculator; atoms.calc = "
                f"MACECalculator(model_paths={results['model_torch']!r}, device='cpu', "
-               f"default_dtype={dtype!r})"))
+               f"default_dtype={dtype!r})")
+            + ("" if "model_sevennet" not in results else
+               f"\n  from sevenn.calculator import SevenNetCalculator; atoms.calc = "
+               f"SevenNetCalculator(model={results['model_sevennet']!r})"))

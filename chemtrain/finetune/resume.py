@@ -100,7 +100,8 @@ def check_resumed(setup: dict, record: str) -> None:
                 "--freeze": None, "--scheduler ReduceLROnPlateau": False,
                 "--pt_train_file (replay)": None, "--swa (first epoch of stage two)": None,
                 # plain Adam before mace-torch's optimizer was the default
-                "--amsgrad": False, "--clip_grad": 0.0, "--weight_decay": 0.0, **json.load(f)}
+                "--amsgrad": False, "--clip_grad": 0.0, "--weight_decay": 0.0,
+                "--model": "MACE", **json.load(f)}   # MACE alone before NequIP
     changed = [f"{k} (then {then[k]!r}, now {v!r})" if k.startswith("--") else k
                for k, v in setup.items() if k in then and then[k] != v]
     if changed:

@@ -112,7 +112,14 @@ def run(argv=None) -> list[int]:
     if os.path.exists(args.out):
         raise DataError(f"--out {args.out!r} exists; choose a new file (nothing is written over).")
     try:
-        committee = CommitteeCalculator.from_mace(paths, head=args.head)
+        from .family import file_kind
+        if file_kind(paths[0]) == "chemtrain-nequip":
+            if args.head is not None:
+                raise DataError("--head picks a head of MACE members; NequIP members have one: "
+                                "leave it out.")
+            committee = CommitteeCalculator.from_nequip(paths)
+        else:
+            committee = CommitteeCalculator.from_mace(paths, head=args.head)
         frames = as_frames(args.pool, f"pool {args.pool!r}")
     except (ValueError, FileNotFoundError) as e:
         raise DataError(str(e)) from e

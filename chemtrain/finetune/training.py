@@ -75,11 +75,12 @@ def stage_two_args(args):
     return two
 
 
-def frozen_blocks(spec, params) -> list[str]:
+def frozen_blocks(spec, params, untrained=()) -> list[str]:
     """The block names of ``--freeze`` (names, or mace-torch's number) that
-    exist in ``params``; DataError for names of no block, or everything."""
+    exist in ``params``, and those ``untrained``; DataError for names of no
+    block, or everything."""
     from ..models import block_names, frozen
-    if spec is None:
+    if spec is None and not untrained:
         return []
     if isinstance(spec, int):
         names = [name for level, name in MACE_TORCH_FREEZE if spec >= level]
@@ -89,7 +90,8 @@ def frozen_blocks(spec, params) -> list[str]:
                             f"readouts); name blocks instead, e.g. --freeze "
                             f"embedding,interactions.0.")
     else:
-        names = list(spec)
+        names = list(spec or ())
+    names += [n for n in untrained if n not in names]
     try:
         labels = frozen.labels(params, names)
     except ValueError:
@@ -103,9 +105,10 @@ def frozen_blocks(spec, params) -> list[str]:
     return names
 
 
-def optimizer(args, params, steps_per_epoch: int):
+def optimizer(args, params, steps_per_epoch: int, untrained=()):
     """(optax transformation, note) for the flags: Adam with the
-    ``--scheduler``, ``--freeze`` and ``--ema``."""
+    ``--scheduler``, ``--freeze`` and ``--ema``; the blocks ``untrained``
+    (the family's, e.g. NequIP's scale and shift) are kept fixed as well."""
     import optax
     from ..learn import optimizers
     from ..models import freeze
@@ -125,7 +128,7 @@ def optimizer(args, params, steps_per_epoch: int):
     if args.scheduler == "ReduceLROnPlateau":
         opt = optimizers.reduce_on_plateau(opt, args.lr_factor, args.scheduler_patience)
         parts[-1] += f" (factor {args.lr_factor:g}, patience {args.scheduler_patience})"
-    blocks = frozen_blocks(args.freeze, params)
+    blocks = frozen_blocks(args.freeze, params, untrained)
     if blocks:
         opt = freeze(opt, params, blocks)
         parts.append(f"frozen: {', '.join(blocks)}")

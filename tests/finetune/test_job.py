@@ -20,6 +20,7 @@ import pytest
 
 import mp
 from cu_data import cu_frames
+from finetune_jobs import run_jobs
 from mace_ref import STANDIN, small_standin
 
 from paths import EXAMPLES as ALL_EXAMPLES
@@ -30,16 +31,6 @@ SPLIT = ["--n_train", "4", "--n_valid", "2", "--n_test", "2", "--batch_size", "2
 LINE = re.compile(r"Test errors, (.+?): energy MAE ([0-9.e+-]+) RMSE ([0-9.e+-]+) eV/atom; "
                   r"force MAE ([0-9.e+-]+) RMSE ([0-9.e+-]+) eV/Å")
 EV, KCAL = 96.48533212, 4.184   # kJ/mol
-DRIVER = """
-import os, sys, json
-from chemtrain.finetune import run
-root = os.environ.get("PMI_RANK", "0") == "0"
-for name, argv in json.loads(sys.argv[1]):
-    if root:
-        print(f"=== job {name} ===", flush=True)
-    run(argv)
-    sys.stdout.flush()
-"""
 
 
 @pytest.fixture(scope="module")
@@ -88,19 +79,6 @@ def job(data, name, source, method, *extra, epochs=1, out=None):
     out = str(data["dir"] / (out or name))
     return name, ["--train_file", data[source], "--parallelism", method, "--results_dir", out,
                   "--max_num_epochs", str(epochs), *SPLIT, *TINY, *extra]
-
-
-def run_jobs(jobs, method, timeout=1200):
-    args = ["-c", DRIVER, json.dumps(jobs)]
-    if method == "mpi":
-        code, text, _ = mp.mpirun(2, args, devices=1, timeout=timeout)
-    else:
-        out = subprocess.run([sys.executable, *args], env=mp.env(devices=2), capture_output=True,
-                             text=True, timeout=timeout)
-        code, text = out.returncode, out.stdout + out.stderr
-    assert code == 0, text[-4000:]
-    parts = re.split(r"=== job (\S+) ===\n", text)
-    return dict(zip(parts[1::2], parts[2::2]))
 
 
 @pytest.fixture(scope="module")

@@ -179,3 +179,20 @@ def test_a_model_of_another_architecture_is_not_written(models, tmp_path):
                                          r"needs"):
         save_sevennet(str(tmp_path / "x.pth"), params, "7net-0", trusted=True)
     assert not os.path.exists(tmp_path / "x.pth")
+
+
+def test_the_calculator_gives_sevenns_results_in_cells_of_any_size(models):
+    """ChemtrainCalculator.from_nequip on the 2-atom NaCl cell (far narrower
+    than twice the cutoff: every periodic image is an edge) and the molecule."""
+    from ase import Atoms
+    from chemtrain.calculator import ChemtrainCalculator
+    cfg, params = models["7net-0"]
+    calc = ChemtrainCalculator.from_nequip(cfg, params)
+    for structure in ("NaCl", "ethanol"):
+        s, want = REFERENCE["structures"][structure], REFERENCE["models"]["7net-0"][structure]
+        atoms = Atoms(numbers=s["numbers"], positions=s["positions"], cell=s["cell"], pbc=s["pbc"])
+        atoms.calc = calc
+        assert abs(atoms.get_potential_energy() - want["energy"]) <= 1e-9 * abs(want["energy"])
+        np.testing.assert_allclose(atoms.get_forces(), want["forces"], rtol=0, atol=1e-7)
+        if want["stress"] is not None:
+            np.testing.assert_allclose(atoms.get_stress(), want["stress"], rtol=0, atol=1e-9)
