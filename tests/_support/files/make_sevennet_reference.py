@@ -4,12 +4,11 @@ checkpoints of its package, in float64. tests/models/test_nequip.py compares
 chemtrain's NequIP with these numbers.
 
 sevenn needs e3nn >= 0.5, and chemtrain's environment has mace-torch's e3nn
-0.4.4, so run it with both wheels unpacked on PYTHONPATH (torch, ase and the
-rest from chemtrain's environment):
+0.4.4, so run it with the side folder that scripts/setup.sh unpacks (e3nn
+0.6 and sevenn's other imports; torch, ase and the rest from chemtrain's
+environment):
 
-    pip download --no-deps -d /tmp/w sevenn==0.13.0 e3nn==0.6.0
-    (cd /tmp/w && for f in *.whl; do python -m zipfile -e "$f" src; done)
-    PYTHONPATH=/tmp/w/src .venv/bin/python tests/_support/files/make_sevennet_reference.py
+    PYTHONPATH=.venv/sevenn-side .venv/bin/python tests/_support/files/make_sevennet_reference.py
 
 The graph is ASE's neighbour list (every periodic image within the cutoff,
 no self pair), as sevenn's own data loader builds it. sevenn casts its
@@ -28,7 +27,10 @@ MODELS = ("7net-0", "7net-0_22may2024", "7net-l3i5")
 
 
 def structures():
-    from ase.build import bulk, molecule
+    """Ten structures: bulk cells (some far narrower than twice the cutoff),
+    a slab, molecules and the main job's 370-atom nanotube."""
+    from ase import Atoms
+    from ase.build import bulk, fcc111, molecule
     nacl = bulk("NaCl", "rocksalt", a=5.64)
     nacl.rattle(0.05, seed=1)
     si = bulk("Si", "diamond", a=5.43)
@@ -36,7 +38,27 @@ def structures():
     ethanol = molecule("CH3CH2OH")
     ethanol.center(vacuum=5.0)
     ethanol.pbc = False
-    return {"NaCl": nacl, "Si": si, "ethanol": ethanol}
+    cu = bulk("Cu", "fcc", a=3.6, cubic=True)
+    cu.rattle(0.05, seed=3)
+    slab = fcc111("Cu", size=(2, 2, 3), vacuum=6.0, a=3.6)
+    slab.info.pop("adsorbate_info", None)
+    slab.rattle(0.03, seed=4)
+    mgo = bulk("MgO", "rocksalt", a=4.21, cubic=True)
+    mgo.set_cell(mgo.cell * 1.01, scale_atoms=True)
+    mgo.rattle(0.04, seed=5)
+    al = bulk("Al", "fcc", a=4.05, cubic=True) * (2, 2, 2)
+    al.set_cell(al.cell.array @ np.array([[1.0, 0.02, 0], [0, 0.99, 0], [0.01, 0, 1.0]]),
+                scale_atoms=True)
+    al.rattle(0.05, seed=6)
+    gaas = bulk("GaAs", "zincblende", a=5.65)
+    gaas.rattle(0.04, seed=7)
+    water = molecule("H2O")
+    water.pbc = False
+    tube = np.load(os.path.join(HERE, "..", "..", "..", "examples", "mace_jax",
+                                "nanotube_standin.npz"))
+    nanotube = Atoms(numbers=tube["z"], positions=tube["R"][0], pbc=False)
+    return {"NaCl": nacl, "Si": si, "ethanol": ethanol, "Cu": cu, "Cu_slab": slab, "MgO": mgo,
+            "Al_sheared": al, "GaAs": gaas, "water": water, "nanotube": nanotube}
 
 
 def graph(atoms, cutoff, key):
