@@ -19,14 +19,18 @@ import sys
 import numpy as np
 import pytest
 
+import mp
+import paths
 from cu_data import cu_frames
 from finetune_jobs import run_jobs
-import paths
 
 SPLIT = ["--n_train", "4", "--n_valid", "2", "--n_test", "2", "--batch_size", "2"]
 TINY = ["--model", "NequIP", "--num_channels", "4", "--max_L", "1", "--num_interactions", "2",
         "--r_max", "4.0", "--radial_MLP", "[8]"]
 CONSTANT = ["--scheduler", "constant"]
+# the parallel modes' runs: float64, two epochs, no export
+EXACT = [*TINY, *CONSTANT, "--default_dtype", "float64", "--max_num_epochs", "2",
+         "--no_torch_export"]
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +52,14 @@ def jobs(tmp_path_factory):
         job("resumed", *TINY, *CONSTANT, "--max_num_epochs", "2", "--restart_latest",
             "--no_torch_export",
             out="first"),
-        job("straight", *TINY, *CONSTANT, "--max_num_epochs", "2", "--no_torch_export")], "local")
+        job("straight", *TINY, *CONSTANT, "--max_num_epochs", "2", "--no_torch_export"),
+        job("single", *EXACT, "--parallelism", "single"),
+        job("jax", *EXACT, "--parallelism", "jax")], "local")
+    texts.update(run_jobs([job("mpi", *EXACT, "--parallelism", "mpi")], "mpi"))
+    name, argv = job("distributed", *EXACT, "--parallelism", "jax")
+    codes, texts[name] = mp.distributed(2, [json.dumps(argv)], script="finetune_distributed.py",
+                                        timeout=600)
+    assert codes == [0, 0], texts[name][-3000:]
     return {"dir": d, "xyz": xyz, "texts": texts}
 
 
@@ -148,6 +159,22 @@ def test_a_resumed_nequip_run_is_the_uninterrupted_one(jobs):
     import jax
     for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(straight)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("mode,shards", [("jax", 2), ("mpi", 2), ("distributed", 2)])
+def test_force_matching_with_nequip_in_every_parallel_mode_equals_single(jobs, mode, shards):
+    """Two devices of one process, two MPI ranks, two jax.distributed
+    processes: the trained parameters equal one device's to 1e-6 (float64)."""
+    from chemtrain.models import nequip
+    import jax
+    out = results(jobs["dir"] / mode)
+    assert out["n_shards"] == shards and out["epoch"] == 2, out
+    _, single = nequip.load(results(jobs["dir"] / "single")["model_npz"])
+    _, other = nequip.load(out["model_npz"])
+    for a, b in zip(jax.tree.leaves(other), jax.tree.leaves(single)):
+        assert np.max(np.abs(a - b)) <= 1e-6 * np.max(np.abs(b)), mode
+    trained = results(jobs["dir"] / "single")
+    assert trained["after"] != trained["before"]   # two epochs did change the model
 
 
 @pytest.mark.parametrize("extra,message", [
