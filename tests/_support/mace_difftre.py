@@ -1,4 +1,4 @@
-"""DiffTRe on a small MACE plus a repulsive prior (16 atoms of one species
+"""DiffTRe on a small MACE (or NequIP) plus a repulsive prior (16 atoms of one species
 in a 1 nm box, float64): shared by tests/learn/test_difftre_grad.py and its
 mpirun script."""
 import functools
@@ -35,16 +35,30 @@ def spread_positions(n, min_distance, seed=0):
     return np.array(out)
 
 
-def mace_model(dtype=jnp.float64):
-    """(template, parameters): a 4-channel MACE plus a repulsive prior."""
+def mace_model(dtype=jnp.float64, family="mace"):
+    """(template, parameters): a 4-channel MACE (or, with ``family`` 'nequip',
+    a 4-channel two-layer NequIP) plus a repulsive prior; the model's
+    parameters under the key 'mace' either way."""
     displacement, _ = space.periodic(BOX)
-    cfg = random_config((8,), avg_num_neighbors=6.0, scale=0.05, num_channels=4, max_L=0,
-                        max_ell=1, correlation=2, r_max=10 * R_MAX, num_interactions=1,
-                        radial_MLP=(8,))
+    if family == "nequip":
+        from chemtrain.models import nequip
+        cfg = nequip.NequipConfig(atomic_numbers=(8,), cutoff=10 * R_MAX, cutoff_function="poly",
+                                  cutoff_on=0.0, poly_p=6, n_basis=6,
+                                  irreps=(((4, 0),), ((4, 0), (4, 1)), ((4, 0),)),
+                                  filter_lmax=1, radial_hidden=(8,), denominators=(2.5, 2.5))
+        model = nequip.init_params(jax.random.PRNGKey(0), cfg, dtype)
+        model["scale"] = model["scale"] * 0.05
+        template = nequip.energy_fn_template(cfg, displacement)
+    else:
+        cfg = random_config((8,), avg_num_neighbors=6.0, scale=0.05, num_channels=4, max_L=0,
+                            max_ell=1, correlation=2, r_max=10 * R_MAX, num_interactions=1,
+                            radial_MLP=(8,))
+        model = cm.init_params(cfg, jax.random.PRNGKey(0), dtype)
+        template = cm.energy_fn_template(cfg, displacement)
     template = sum_templates({"prior": repulsive_template(displacement, R_MAX, 0.35),
-                              "mace": cm.energy_fn_template(cfg, displacement)})
+                              "mace": template})
     params = {"prior": {"sigma": jnp.asarray(0.3, dtype), "epsilon": jnp.asarray(1.0, dtype)},
-              "mace": cm.init_params(cfg, jax.random.PRNGKey(0), dtype)}
+              "mace": model}
     return template, params
 
 
@@ -54,14 +68,14 @@ def rdf():
     return quantity.rdf(displacement, quantity.rdf_discretization(R_MAX, 20, 0.1), box=BOX)
 
 
-def mace_trainer(folder, kTs=(2.5,), species=8, dtype=jnp.float64, **options):
+def mace_trainer(folder, kTs=(2.5,), species=8, dtype=jnp.float64, family="mace", **options):
     """(DifftreParallel, initial parameters): one state point per ``kTs``,
     an RDF target (through the weights) and a potential-energy target (an
     energy-dependent quantity), every atom of atomic number ``species``
     (None: no species given). ``dtype`` of the parameters: float64 needs
     jax_enable_x64 on, float32 runs with it off."""
     displacement, shift = space.periodic(BOX)
-    template, params = mace_model(dtype)
+    template, params = mace_model(dtype, family)
     n = len(kTs)
     trainer = DifftreParallel(
         0, params, options.pop("optimizer", optax.sgd(1e-3)), template,

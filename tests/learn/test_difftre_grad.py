@@ -20,9 +20,11 @@ from chemtrain.learn.difftre_objective import loss_and_grad
 from mace_difftre import mace_model, mace_trainer, rdf
 
 
-def test_mace_gradient_matches_finite_differences(tmp_path):
+@pytest.mark.parametrize("family", ["mace", "nequip"])
+def test_mace_gradient_matches_finite_differences(tmp_path, family):
+    """MACE, and NequIP (issue 49): DiffTRe takes either template."""
     with jax.enable_x64(True):
-        trainer, params = mace_trainer(str(tmp_path))
+        trainer, params = mace_trainer(str(tmp_path), family=family)
         trainer.initialize_trajstates()
         sp, trajs = trainer.statepoints[0], trainer.trajstates[0]
         # move away from the generating parameters: the weights must matter
