@@ -104,7 +104,7 @@ def _nequip_random(z, pairs, scale, args, given):
     return nequip.NequipConfig(
         atomic_numbers=tuple(int(a) for a in z), cutoff=float(args.r_max), cutoff_function="poly",
         cutoff_on=0.0, poly_p=int(args.num_cutoff_basis), n_basis=int(args.num_radial_basis),
-        irreps=((( c, 0),),) + (hidden,) * (t - 1) + (((c, 0),),), filter_lmax=int(args.max_ell),
+        irreps=(((c, 0),),) + (hidden,) * (t - 1) + (((c, 0),),), filter_lmax=int(args.max_ell),
         radial_hidden=tuple(int(w) for w in args.radial_MLP),
         denominators=(math.sqrt(max(pairs, 1.0)),) * t, normalize_sph=True)
 
