@@ -32,6 +32,9 @@ def load(path: str):
     The configuration is rebuilt field by field and the parameters are
     checked against the shapes it implies, one dtype, finite values.
 
+    Args:
+      path: the ``.npz`` file.
+
     Raises:
       chemtrain.checkpoint.CheckpointError: naming the file, when it is not a
         NequIP model, its configuration is invalid, or its parameters do not
