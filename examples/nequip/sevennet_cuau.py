@@ -2,7 +2,7 @@
 and (111) slabs; zero-shot, fine-tuned, and against a MACE trained from
 scratch on the same data.
 
-    python examples/nequip/sevennet_cuau.py                  # about 10 min on 2 cores
+    python examples/nequip/sevennet_cuau.py                  # about 5 min on 2 cores
 
 The structures are those of ``examples/uncertainty/active_learning.py``
 (ASE's EMT labels, eV and Angstrom): 40 for training, 8 for validation and

@@ -2,7 +2,7 @@
 stand-in: its zero-shot test errors, fine-tuned, and against a MACE trained
 from scratch on the same split.
 
-    python examples/nequip/sevennet_nanotube.py                  # about 30 min on 2 cores
+    python examples/nequip/sevennet_nanotube.py                  # about 25 min on 2 cores
     python examples/nequip/sevennet_nanotube.py --epochs 1 --n_test 10 --out runs/quick
 
 Three thin calls of ``chemtrain-finetune`` on the stand-in of
@@ -19,7 +19,9 @@ main job's split: 60 training, 10 validation, 50 test structures, seed 0):
 
 ``comparison.json`` holds the three test-set errors, ``parity.png`` the
 force and energy parity of the three models on the test set (computed here
-with the ASE calculators on the written model files).
+with the ASE calculators on the written model files). Its parts are
+covered in the test suite by ``tests/finetune/test_nequip_job.py`` and
+``tests/models/test_nequip.py``.
 """
 from __future__ import annotations
 
