@@ -34,7 +34,7 @@ import numpy as np
 from ase.calculators.calculator import Calculator, all_changes
 
 from chemtrain.calculator_models import (MaceModel, NequipModel, TemplateModel, _members,
-                                         check_atoms, stress_of)
+                                         _single, check_atoms, stress_of)
 from chemtrain.neighbors import host_edges
 
 log = logging.getLogger(__name__)
@@ -140,15 +140,7 @@ class ChemtrainCalculator(Calculator):
         given one. ``calc.model.head`` names the head evaluated. An unknown
         head raises ``ValueError`` naming the model's heads."""
         from chemtrain.models import mace
-        if isinstance(model, mace.MaceConfig):
-            if params is None:
-                raise ValueError("from_mace(cfg, params): a MaceConfig needs its params.")
-            cfg = model
-        else:
-            if params is not None:
-                raise ValueError("from_mace(path): params come from the file; pass either a path "
-                                 "or (cfg, params).")
-            cfg, params = mace.load(str(model))
+        cfg, params = _single(model, params, "from_mace", mace.MaceConfig, mace.load)
         self = cls.__new__(cls)
         Calculator.__init__(self, **kwargs)
         self._setup(MaceModel(cfg, method, head=head), params, capacity, growth, dtype)
@@ -164,15 +156,7 @@ class ChemtrainCalculator(Calculator):
         periodic image within the cutoff is an edge, as in sevenn, so cells
         of any size and partly periodic cells work."""
         from chemtrain.models import nequip
-        if isinstance(model, nequip.NequipConfig):
-            if params is None:
-                raise ValueError("from_nequip(cfg, params): a NequipConfig needs its params.")
-            cfg = model
-        else:
-            if params is not None:
-                raise ValueError("from_nequip(path): params come from the file; pass either a "
-                                 "path or (cfg, params).")
-            cfg, params = nequip.load(str(model))
+        cfg, params = _single(model, params, "from_nequip", nequip.NequipConfig, nequip.load)
         self = cls.__new__(cls)
         Calculator.__init__(self, **kwargs)
         self._setup(NequipModel(cfg), params, capacity, growth, dtype)

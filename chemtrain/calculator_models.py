@@ -277,6 +277,18 @@ class TemplateModel:
         self._checked_periodic = True
 
 
+def _single(model, params, name: str, config_class, load):
+    """(cfg, params) of one model file, or of ``(cfg, params)``."""
+    if isinstance(model, config_class):
+        if params is None:
+            raise ValueError(f"{name}(cfg, params): a {config_class.__name__} needs its params.")
+        return model, params
+    if params is not None:
+        raise ValueError(f"{name}(path): params come from the file; pass either a path or "
+                         f"(cfg, params).")
+    return load(str(model))
+
+
 def _members(models, params, name: str, config_class, load):
     """(cfg, list of members' params) of committee files, or of ``(cfg,
     params)``; files of different architectures are refused by name."""
