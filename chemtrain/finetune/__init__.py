@@ -86,7 +86,9 @@ def run(argv=None) -> dict:
     """
     args = parse_args(argv)
     size_flags = given(argv, M.SIZE_FLAGS)
-    flags = given(argv, ("model", "E0s", "weight_decay"))
+    flags = given(argv, ("model", "E0s", "weight_decay", "ensemble_size"))
+    if args.member_models:   # the first member becomes the job's foundation model
+        M.check_members(args, "ensemble_size" in flags)
     family = F.of(args, flags)   # a SevenNet name becomes its file
     family_note = F.check_flags(family, args, flags)
     P.check_flags(args, argv)

@@ -264,6 +264,11 @@ def parser() -> argparse.ArgumentParser:
                         "step (chemtrain.trainers.EnsembleOfModels); each member starts from "
                         "its own initialisation (seed + k) and batch order, and is written as "
                         "<name>_member<k>; chemtrain-select picks structures by their spread")
+    g.add_argument("--member_models", nargs="+", metavar="NPZ",
+                   help="chemtrain: continue a committee: member k starts from the k-th of "
+                        "these chemtrain .npz files of one architecture (e.g. the "
+                        "<name>_member<k>.npz of an earlier run), instead of a "
+                        "--foundation_model or a random model; --ensemble_size is their number")
     g.add_argument("--ensemble_bootstrap", action="store_true",
                    help="chemtrain: train each member on its own bootstrap sample of the "
                         "training set")

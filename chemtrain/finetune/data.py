@@ -177,6 +177,11 @@ def outliers(d: dict, rows=None) -> list[str]:
     above 50 eV/Å and 25 times the median atom's. Returns one description
     per outlier (the row in its file from ``rows``)."""
     rows = np.arange(len(d["R"])) if rows is None else np.asarray(rows)
+    return [f"structure {int(rows[i])} ({'; '.join(v)})" for i, v in outlier_rows(d).items()]
+
+
+def outlier_rows(d: dict) -> dict:
+    """``{row: [reasons]}`` of the outliers of :func:`outliers`, in row order."""
     mask = d["mask"].astype(bool)
     n = np.maximum(mask.sum(1), 1)
     found = {}
@@ -198,7 +203,7 @@ def outliers(d: dict, rows=None) -> list[str]:
         big = norms.max(1)
         for i in np.nonzero((big > 50.0) & (big > 25 * typical))[0]:
             found.setdefault(i, []).append(f"a force of {big[i]:.4g} eV/Å")
-    return [f"structure {int(rows[i])} ({'; '.join(v)})" for i, v in sorted(found.items())]
+    return {int(i): v for i, v in sorted(found.items())}
 
 
 def check_force_scale(d: dict, path: str, log) -> None:

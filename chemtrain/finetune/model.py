@@ -225,17 +225,53 @@ def describe(cfg, params) -> str:
 
 
 
+def check_members(args, ensemble_size_given: bool) -> None:
+    """``--member_models``: at least two chemtrain files of one architecture,
+    no ``--foundation_model`` beside them; ``--ensemble_size`` becomes their
+    number and ``--foundation_model`` the first (the job's model and E0s)."""
+    paths = args.member_models
+    if args.foundation_model:
+        raise DataError("--member_models and --foundation_model both name the starting "
+                        "model: give one of them.")
+    if len(paths) < 2:
+        raise DataError(f"--member_models names {len(paths)} file; a committee has at least "
+                        f"two members (one model: --foundation_model {paths[0]}).")
+    if ensemble_size_given and args.ensemble_size != len(paths):
+        raise DataError(f"--ensemble_size {args.ensemble_size} but --member_models names "
+                        f"{len(paths)} files: leave out --ensemble_size.")
+    from ..checkpoint import CheckpointError, load
+    first = None
+    for path in paths:
+        if not path.endswith(".npz") or not os.path.isfile(path):
+            raise DataError(f"--member_models takes existing chemtrain .npz files, got {path!r}.")
+        try:
+            config = load(path)[0]   # {'kind', 'config'}: plain data
+        except (CheckpointError, OSError) as e:
+            raise DataError(f"--member_models {path!r}: {e}") from None
+        if first is not None and config != first:
+            raise DataError(f"--member_models {path!r} is another architecture (or other E0s) "
+                            f"than {paths[0]!r}; a committee's members share them.")
+        first = config
+    args.ensemble_size = len(paths)
+    args.foundation_model = paths[0]
+
+
 def committee_params(family, cfg, params, args, dtype, scale: float) -> list:
-    """The starting parameters of ``--ensemble_size`` members: from a
+    """The starting parameters of ``--ensemble_size`` members: from
+    ``--member_models``, each member continues from its file; from a
     foundation model, each member starts from its parameters (they differ in
     batch order and, with ``--ensemble_bootstrap``, in their data); a
-    random model initialises member ``k`` with ``--seed + k`` (and the E0s
-    of ``params``)."""
+    random model initialises member ``k`` with ``--seed + k``. Every member
+    gets the E0s of ``params``."""
     import jax
     import jax.numpy as jnp
+    e0s = family.e0s(cfg, params)
+    if args.member_models:   # each member continues from its own file, with the job's E0s
+        return [jax.tree.map(lambda p: jnp.asarray(p, dtype),
+                             family.with_e0s(cfg, family.load(path, False)[1], e0s)[1])
+                for path in args.member_models]
     if args.foundation_model:
         return [params] * args.ensemble_size
-    e0s = family.e0s(cfg, params)
     return [jax.tree.map(lambda p: jnp.asarray(p, dtype), family.with_e0s(
         cfg, family.init(cfg, jax.random.PRNGKey(args.seed + k), dtype, scale), e0s)[1])
             for k in range(args.ensemble_size)]

@@ -190,3 +190,28 @@ def test_forces_far_too_large_for_ev_per_angstrom_are_warned_about(cu, tmp_path,
         _run("--train_file", cu["path"], "--foundation_model", str(tmp_path / "none.model"),
              "--results_dir", str(tmp_path / "run"))
     assert "RMS component" not in caplog.text
+
+
+def test_member_models_are_checked_before_anything_is_read(cu, tmp_path):
+    """--member_models (a committee continued, chemtrain.active's retraining)."""
+    import jax
+    from chemtrain.finetune import DataError
+    from chemtrain.finetune.model import random_config
+    from chemtrain.models import mace
+    for k, width in enumerate([4, 4, 8]):
+        cfg = random_config([29], 10.0, 1.0, num_channels=width)
+        mace.save(str(tmp_path / f"m{k}.npz"), cfg, mace.init_params(cfg, jax.random.PRNGKey(k)))
+    m = [str(tmp_path / f"m{k}.npz") for k in range(3)]
+    out = ["--train_file", cu["path"], "--results_dir", str(tmp_path / "run")]
+    for argv, expected in [
+        (["--member_models", m[0]], "names 1 file; a committee has at least two members"),
+        (["--member_models", m[0], m[1], "--ensemble_size", "3"],
+         "--ensemble_size 3 but --member_models names 2 files"),
+        (["--member_models", m[0], m[1], "--foundation_model", m[0]],
+         "--member_models and --foundation_model both name the starting model"),
+        (["--member_models", m[0], m[2]], "is another architecture"),
+        (["--member_models", m[0], str(tmp_path / "nothing.npz")], "existing chemtrain .npz"),
+    ]:
+        with pytest.raises(DataError, match=expected):
+            _run(*out, *argv)
+    assert not (tmp_path / "run").exists()
