@@ -1,0 +1,248 @@
+"""chemtrain.active: the on-the-fly loop (MD with a committee, picks, EMT
+labels, retraining), its guards, and a restart after a crash while labelling."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+SIZES = ["--num_channels", "8", "--max_L", "0", "--max_ell", "1", "--correlation", "2",
+         "--r_max", "4.0", "--radial_MLP", "[16, 16]", "--batch_size", "4"]
+
+
+def cu(seed: int, rattle: float = 0.05, a: float = 3.61):
+    from ase.build import bulk
+    atoms = bulk("Cu", "fcc", a=a, cubic=True) * (2, 2, 2)
+    atoms.rattle(rattle, seed=seed)
+    return atoms
+
+
+def emt(atoms):
+    from ase.calculators.emt import EMT
+    from chemtrain.active.files import labelled_copy
+    a = atoms.copy()
+    a.calc = EMT()
+    return labelled_copy(atoms, a.get_potential_energy(), a.get_forces())
+
+
+def settings(**kw):
+    from chemtrain.active import Settings
+    return Settings(**{**dict(rounds=1, labels_per_round=3, ensemble_size=2, epochs_first=8,
+                              epochs_per_round=3, md_steps=150, record_every=5,
+                              temperatures_K=(900.0,), threshold=1.0, finetune_args=SIZES),
+                       **kw})
+
+
+class Crashing:
+    """An oracle process that is killed (KeyboardInterrupt) at its n-th label."""
+
+    def __init__(self, n):
+        self.n, self.calls = n, 0
+
+    def __call__(self):
+        from ase.calculators.emt import EMT
+        outer = self
+
+        class Killed(EMT):
+            def calculate(self, *args, **kwargs):
+                outer.calls += 1
+                if outer.calls == outer.n:
+                    raise KeyboardInterrupt("killed while labelling")
+                return super().calculate(*args, **kwargs)
+        return Killed()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The same run twice: once straight through, once killed while
+    labelling its second structure and started again."""
+    from ase.calculators.emt import EMT
+    from chemtrain import active
+    root = tmp_path_factory.mktemp("active")
+    seeds = [cu(0, 0.0)]
+    labelled = [emt(cu(k)) for k in range(1, 9)]
+    test = [emt(cu(k, 0.1)) for k in range(20, 24)]
+    say = lambda line: None  # noqa: E731
+    ref = active.run(str(root / "ref"), oracle=EMT, seeds=seeds, labelled=labelled,
+                     settings=settings(), test=test, say=say)
+    crash = Crashing(2)
+    with pytest.raises(KeyboardInterrupt):
+        active.run(str(root / "crash"), oracle=crash, seeds=seeds, labelled=labelled,
+                   settings=settings(), test=test, say=say)
+    with open(root / "crash" / "state.json") as f:
+        at_crash = json.load(f)
+    labels_at_crash = sorted(os.listdir(root / "crash" / "round_001" / "labels"))
+    resumed = active.run(str(root / "crash"), oracle=EMT, say=say)
+    return {"root": root, "ref": ref, "resumed": resumed, "at_crash": at_crash,
+            "labels_at_crash": labels_at_crash, "n_seed": len(labelled)}
+
+
+def test_loop_labels_uncertain_frames_with_the_oracle(runs):
+    import ase.io
+    folder = runs["root"] / "ref"
+    picked = json.load(open(folder / "round_001" / "picked.json"))
+    md = json.load(open(folder / "round_001" / "md.json"))
+    assert 2 <= len(picked) <= 3
+    for p in picked:   # an uncertain frame, or one of the last before an explosion
+        run = md[p["run"]]
+        if p["why"] == "diverse uncertain":
+            assert p["frame"] in run["uncertain"]
+        else:
+            assert p["why"] == "last sane frame before an explosion"
+            assert run["end"].startswith("exploded: ") and p["frame"] in run["sane"]
+    refused = {r["pick"] for r in json.load(open(folder / "round_001" / "refused.json"))}
+    kept = [p for n, p in enumerate(picked) if n not in refused]
+    labelled = ase.io.read(folder / "labelled.extxyz", ":")
+    assert kept and len(labelled) == runs["n_seed"] + len(kept)
+    frames = ase.io.read(folder / "round_001" / "md_0.extxyz", ":")
+    for p, got in zip(kept, labelled[runs["n_seed"]:]):
+        want = emt(frames[p["frame"]])   # EMT evaluated here on the recorded frame
+        np.testing.assert_allclose(got.positions, want.positions, atol=1e-8)
+        np.testing.assert_allclose(got.info["REF_energy"], want.info["REF_energy"], rtol=1e-10)
+        np.testing.assert_allclose(got.arrays["REF_forces"], want.arrays["REF_forces"],
+                                   atol=1e-8)
+    rounds = runs["ref"]["rounds"]
+    assert [r["labels"] for r in rounds] == [runs["n_seed"], runs["n_seed"] + len(kept)]
+    # round 1 continues round 0's members: its starting test errors are round 0's final ones
+    assert rounds[1]["trained"]["before"] == rounds[0]["trained"]["after"]
+    assert rounds[1]["held_out"] is not None and 0 <= rounds[1]["held_out"]["within"]["1"] <= 1
+    for name in ("rounds.png", "round_001/spread.png", "log.jsonl"):
+        assert os.path.getsize(folder / name) > 0
+    events = [json.loads(line)["event"] for line in open(folder / "log.jsonl")]
+    assert events == ["start", "assess", "md", "pick", "label", "assess"]
+
+
+def test_a_crash_while_labelling_loses_nothing_and_resumes_exactly(runs):
+    import ase.io
+    assert runs["at_crash"] == {"round": 1, "phase": "label"}
+    assert runs["labels_at_crash"] == ["0000.extxyz", "0000.json"]   # the first label was kept
+    a, b = runs["root"] / "ref", runs["root"] / "crash"
+    ref = ase.io.read(a / "labelled.extxyz", ":")
+    got = ase.io.read(b / "labelled.extxyz", ":")
+    assert len(ref) == len(got)
+    for x, y in zip(ref, got):
+        assert np.array_equal(x.positions, y.positions)
+        assert np.array_equal(x.arrays["REF_forces"], y.arrays["REF_forces"])
+    assert len(runs["ref"]["members"]) == len(runs["resumed"]["members"]) == 2
+    for p, q in zip(runs["ref"]["members"], runs["resumed"]["members"]):
+        with np.load(p) as x, np.load(q) as y:
+            assert sorted(x.files) == sorted(y.files)
+            for k in x.files:
+                assert np.array_equal(x[k], y[k]), k
+
+
+def test_a_restart_with_other_settings_is_refused(runs):
+    from chemtrain import active
+    with pytest.raises(ValueError, match=r"other settings \(md_steps: 150 -> 10\)"):
+        active.run(str(runs["root"] / "ref"), settings=settings(md_steps=10))
+    done = active.run(str(runs["root"] / "ref"), say=lambda line: None)   # finished: nothing to do
+    assert [r["round"] for r in done["rounds"]] == [0, 1]
+
+
+def test_md_stops_an_explosion_and_keeps_the_frames_before_it(runs):
+    from chemtrain.active import md
+    committee = md.committee_of(runs["ref"]["members"])
+    out = md.run(cu(0), committee, temperature_K=3e5, steps=400, timestep_fs=2.0,
+                 friction_per_fs=0.02, record_every=1, threshold=1e9, scale=1.0, stop_after=5,
+                 max_force=50.0, min_distance=1.6, keep_sane=3, seed=0)
+    assert out["end"].startswith("exploded: ") and out["steps"] < 400
+    assert len(out["frames"]) == out["steps"] >= 3 and out["uncertain"] == []
+    assert out["sane"] == [len(out["frames"]) - 3 + k for k in range(3)]
+    for i in out["sane"]:
+        assert md.shortest_distance(out["frames"][i]) >= 1.6
+
+
+def test_cli_continues_and_refuses_by_name(runs):
+    cmd = [sys.executable, "-m", "chemtrain.active", "--folder", str(runs["root"] / "ref")]
+    ok = subprocess.run(cmd + ["--oracle", "emt"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "Done: 2 rounds" in ok.stdout
+    bad = subprocess.run(cmd + ["--oracle", "nowhere"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "give 'emt' or 'module:function'" in bad.stderr
+    other = subprocess.run(cmd + ["--record_every", "7"], capture_output=True, text=True)
+    assert other.returncode == 2 and "record_every: 5 -> 7" in other.stderr
+
+
+def test_diverse_picks_skip_near_duplicates():
+    from ase.build import fcc111
+    from chemtrain.active import diverse, fingerprints
+    bursts = [cu(0, 0.01 + 0.001 * k) for k in range(5)]   # one configuration, five times
+    slab = fcc111("Cu", size=(2, 2, 4), vacuum=6.0, a=3.61)
+    squeezed = cu(1, 0.01, a=3.3)
+    frames = bursts + [slab, squeezed]
+    scores = [1.0, 0.99, 0.98, 0.97, 0.96, 0.5, 0.4]
+    f = fingerprints(frames)
+    near, far = np.linalg.norm(f[0] - f[1]), np.linalg.norm(f[0] - f[5])
+    assert near < 0.1 * far
+    picks = diverse(scores, f, 3)
+    assert picks[0] == 0 and sorted(picks) == [0, 5, 6]   # not the five near-duplicates
+    assert list(np.argsort(-np.asarray(scores))[:3]) == [0, 1, 2]   # what top scores would take
+    # a candidate like a training structure counts as covered
+    assert diverse(scores[5:], f[5:], 1, covered=f[5:6]) == [0]
+    assert diverse(scores[5:], f[5:], 2, covered=f[5:6]) == [0, 1]
+    assert diverse([0.3, 0.2], f[5:], 2, covered=None) == [0, 1]
+    assert diverse([], np.zeros((0, 3)), 2) == []
+
+
+def test_label_one_reports_oracle_failures():
+    from ase.calculators.calculator import Calculator
+    from ase.calculators.emt import EMT
+    from chemtrain.active import label_one
+
+    class Broken(Calculator):
+        implemented_properties = ["energy", "forces"]
+
+        def calculate(self, atoms=None, properties=("energy",), system_changes=()):
+            raise RuntimeError("SCF did not converge")
+
+    class NotFinite(EMT):
+        def calculate(self, *args, **kwargs):
+            super().calculate(*args, **kwargs)
+            self.results["forces"][3, 1] = np.nan
+
+    atoms = cu(3)
+    got, why = label_one(atoms, EMT())
+    want = emt(atoms)
+    assert why is None and got.info["REF_energy"] == want.info["REF_energy"]
+    assert label_one(atoms, Broken()) == (None, "the oracle failed: RuntimeError: SCF did not "
+                                                "converge")
+    none, why = label_one(atoms, NotFinite())
+    assert none is None and "non-finite" in why
+
+
+def test_absurd_labels_are_refused():
+    from chemtrain.active import absurd
+    known = [emt(cu(k)) for k in range(6)]
+    good, bad = emt(cu(10)), emt(cu(11))
+    bad.info["REF_energy"] += 50.0 * len(bad)   # a failed calculation's energy
+    found = absurd(known, [good, bad])
+    assert list(found) == [1] and "eV/atom from the median" in found[1][0]
+    assert absurd(known, [good]) == {}
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(rounds=-1), "rounds must be an integer >= 0"),
+    (dict(ensemble_size=1), "ensemble_size must be an integer >= 2"),
+    (dict(threshold=0.0), "threshold must be a positive number"),
+    (dict(threshold_mode="sigma"), "threshold_mode must be one of"),
+    (dict(selection="best"), "selection must be one of"),
+    (dict(temperatures_K=()), "temperatures_K must be positive"),
+    (dict(finetune_args=("--seed", "3")), "must not contain --seed"),
+])
+def test_settings_refuse_bad_values(kw, match):
+    with pytest.raises(ValueError, match=match):
+        settings(**kw)
+
+
+def test_a_new_run_needs_its_data(tmp_path):
+    from chemtrain import active
+    with pytest.raises(ValueError, match="give the seed structures and the seed labels"):
+        active.run(str(tmp_path / "new"), seeds=[cu(0)])
+    with pytest.raises(ValueError, match="Structure 0 of the seed labels has no energy"):
+        active.run(str(tmp_path / "new"), seeds=[cu(0)], labelled=[cu(1)] * 3)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    with pytest.raises(ValueError, match="is not empty"):
+        active.run(str(tmp_path / "full"), seeds=[cu(0)], labelled=[emt(cu(1))] * 3)
