@@ -2,6 +2,7 @@
 labels, retraining), its guards, and a restart after a crash while labelling."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -139,6 +140,12 @@ def test_a_restart_with_other_settings_is_refused(runs):
         active.run(str(runs["root"] / "ref"), settings=settings(md_steps=10))
     done = active.run(str(runs["root"] / "ref"), say=lambda line: None)   # finished: nothing to do
     assert [r["round"] for r in done["rounds"]] == [0, 1]
+    with pytest.raises(ValueError, match="Labels remain to be made: give the oracle"):
+        more = runs["root"] / "more"   # a copy given one more round, without its oracle
+        shutil.copytree(runs["root"] / "ref", more)
+        active.run(str(more), settings=settings(rounds=2), say=lambda line: None)
+    with open(more / "state.json") as f:
+        assert json.load(f) == {"round": 2, "phase": "label"}
 
 
 def test_md_stops_an_explosion_and_keeps_the_frames_before_it(runs):

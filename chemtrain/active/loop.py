@@ -114,7 +114,10 @@ def run(folder: str, oracle=None, seeds=None, labelled=None, settings: Settings 
     while True:
         state = F.read_json(paths.state)
         r, phase = state["round"], state["phase"]
-        if phase == "done" or (r > s.rounds):
+        if phase == "done" and r < s.rounds:   # a finished run given more rounds
+            F.write_json(paths.state, {"round": r + 1, "phase": "md"})
+            continue
+        if phase == "done":
             break
         say(f"round {r}: {phase}")
         nxt = PHASE_FUNCTIONS[phase](paths, s, r, oracle, say)
@@ -245,7 +248,8 @@ def phase_label(paths: Paths, s: Settings, r: int, oracle, say) -> dict:
             continue   # labelled (or refused) before a restart
         if p["run"] not in frames:
             frames[p["run"]] = F.read_frames(paths.round(r, f"md_{p['run']}.extxyz"))
-        calc = calc or _oracle(oracle)
+        if calc is None:
+            calc = _oracle(oracle)
         atoms, why = label_one(frames[p["run"]][p["frame"]], calc)
         if atoms is not None:
             F.write_frames(os.path.join(folder, f"{n:04d}.extxyz"), [atoms])
