@@ -25,6 +25,7 @@ import numpy as np
 from chemtrain import units
 
 __all__ = ["committee_forces", "scores", "rank", "select", "calibration", "fit_scale",
+           "miscalibration_area",
            "plot_calibration", "as_frames", "check_informative", "SCORES"]
 
 #: per-structure uncertainty scores :func:`select` can rank by
@@ -265,7 +266,10 @@ def calibration(predictions, reference_forces, scale: float = 1.0) -> dict:
       predicted force spread (RMS over components) and the actual force
       RMSE; ``within`` ``{1: f1, 2: f2, 3: f3}``, the fraction of force
       components whose error is at most k scaled standard deviations
-      (Gaussian: 0.683, 0.954, 0.997); ``scale``; ``n_structures``;
+      (Gaussian: 0.683, 0.954, 0.997); ``miscalibration_area``, the
+      area between the fraction of components within each central
+      Gaussian interval and that interval's probability, over all
+      probabilities (0: calibrated; 0.5 at most); ``scale``; ``n_structures``;
       ``per_structure`` ``{"predicted": [...], "actual": [...]}`` in
       eV/Angstrom.
 
@@ -281,7 +285,24 @@ def calibration(predictions, reference_forces, scale: float = 1.0) -> dict:
     rho = float(spearmanr(spread, rmse).statistic) if len(rmse) > 1 else float("nan")
     return {"spearman": rho, "scale": float(scale), "n_structures": len(rmse),
             "within": {k: float(np.mean(err <= k * scale * std)) for k in (1, 2, 3)},
+            "miscalibration_area": miscalibration_area(err, scale * std),
             "per_structure": {"predicted": (scale * spread).tolist(), "actual": rmse.tolist()}}
+
+
+def miscalibration_area(errors, std, points: int = 1000) -> float:
+    """The area between the observed and the expected coverage: for each
+    probability p, the fraction of ``|errors|`` within the central Gaussian
+    interval of probability p (``z_p std``, ``z_p = sqrt(2) erfinv(p)``)
+    against p itself, integrated over p in (0, 1) by the midpoint rule.
+    0 for errors drawn from the predicted Gaussians; 0.5 when every error is
+    far outside (or inside) its interval."""
+    from scipy.special import erfinv
+    errors, std = np.abs(np.ravel(errors)), np.ravel(std)
+    p = (np.arange(points) + 0.5) / points
+    z = np.sqrt(2.0) * erfinv(p)
+    ratio = np.sort(np.where(std > 0, errors / np.where(std > 0, std, 1.0), np.inf))
+    observed = np.searchsorted(ratio, z, side="right") / len(ratio)
+    return float(np.mean(np.abs(observed - p)))
 
 
 def plot_calibration(report: dict, path: str, title: str | None = None) -> None:

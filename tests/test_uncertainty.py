@@ -35,6 +35,7 @@ def test_calibration_on_known_cases():
     preds = [_prediction(np.zeros((4000, 3)), spread)]
     report = calibration(preds, [rng.standard_normal((4000, 3)) * spread])
     assert abs(report["within"][1] - 0.683) < 0.02 and abs(report["within"][2] - 0.954) < 0.01
+    assert report["miscalibration_area"] < 0.01
     with pytest.raises(ValueError, match="2 structures but 1 reference"):
         calibration(preds * 2, [np.zeros((4000, 3))])
     with pytest.raises(ValueError, match=r"reference forces of shape \(3, 3\)"):
@@ -131,3 +132,23 @@ def test_calculator_cutoff_below_the_templates_range_is_refused(lj_committee):
     assert calc.model.cutoff == pytest.approx(8.5)   # the template's range, in Angstrom
     with pytest.raises(ValueError, match="does not state one"):
         ChemtrainCalculator(lambda p: template(p), members[0], None)
+
+
+def test_miscalibration_area_against_its_integral():
+    """Errors twice the predicted std: the observed coverage of the central
+    interval of probability p is 2 Phi(z_p / 2) - 1; the area is the integral
+    of its distance to p (scipy's quad), against the function's sample sum."""
+    from scipy import integrate, stats
+    from chemtrain.uncertainty import miscalibration_area
+    rng = np.random.default_rng(1)
+    std = rng.uniform(0.1, 1.0, 200_000)
+    errors = 2.0 * std * rng.standard_normal(std.shape)
+
+    def gap(p):
+        z = stats.norm.ppf((1 + p) / 2)
+        return abs(2 * stats.norm.cdf(z / 2) - 1 - p)
+    want = integrate.quad(gap, 0, 1, limit=200)[0]
+    assert 0.1 < want < 0.3
+    assert miscalibration_area(errors, std) == pytest.approx(want, abs=3e-3)
+    assert miscalibration_area(errors, 2.0 * std) < 3e-3              # scaled: calibrated
+    assert miscalibration_area(np.full(10, 5.0), np.full(10, 1e-6)) == pytest.approx(0.5)
