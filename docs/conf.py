@@ -54,6 +54,8 @@ API = {
     "chemtrain.parallel": "The parallel strategies and their failure handling.",
     "chemtrain.calculator": "ASE calculators, single models and committees.",
     "chemtrain.uncertainty": "Committee uncertainty: active-learning selection and calibration.",
+    "chemtrain.active": "On-the-fly active learning: MD with a committee, labels where it is "
+                        "unsure, retraining; one resumable folder.",
     "chemtrain.checkpoint": "Plain-data checkpoint files.",
     "chemtrain.units": "Unit conversions.",
     "chemtrain.compile_cache": "JAX's persistent compilation cache: where, how large, off.",
