@@ -343,7 +343,8 @@ def phase_assess(paths: Paths, s: Settings, r: int, oracle, say) -> dict:
             before = MD.committee_of(paths.members(last_trained(paths, r - 1)))
             held_out = U.calibration(U.committee_forces(before, new),
                                      [a.arrays[F.FORCES_KEY] for a in new], scale)
-    threshold = s.threshold * median if s.threshold_mode == "relative" else s.threshold
+    # MD compares scale x spread: a relative threshold is scaled alike
+    threshold = s.threshold * median * scale if s.threshold_mode == "relative" else s.threshold
     trained = F.read_json(paths.round(r, "trained.json"))
     _summary(paths, r, prev=None, new=_new_count(paths, r, len(known)), labels=len(known),
              median_score=median, next_threshold=threshold, scale=scale,

@@ -30,7 +30,7 @@ class Settings:
         largest atom's committee force spread, passes ``threshold`` (eV/A,
         the spread times the calibrated scale) with ``'absolute'``; or
         ``threshold`` times the median score of the training set's
-        structures with ``'relative'`` (no scale needed: both are raw).
+        structures with ``'relative'`` (the scale cancels: both sides carry it).
       stop_after: a run stops after this many uncertain frames (default:
         4 x ``labels_per_round``, so that there is a choice).
       max_force, min_distance, keep_sane: a run whose mean force passes
