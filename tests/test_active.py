@@ -65,13 +65,14 @@ def runs(tmp_path_factory):
     seeds = [cu(0, 0.0)]
     labelled = [emt(cu(k)) for k in range(1, 9)]
     test = [emt(cu(k, 0.1)) for k in range(20, 24)]
+    calibration = [emt(cu(k, 0.08)) for k in range(30, 34)]
     say = lambda line: None  # noqa: E731
     ref = active.run(str(root / "ref"), oracle=EMT, seeds=seeds, labelled=labelled,
-                     settings=settings(), test=test, say=say)
+                     settings=settings(), test=test, calibration=calibration, say=say)
     crash = Crashing(2)
     with pytest.raises(KeyboardInterrupt):
         active.run(str(root / "crash"), oracle=crash, seeds=seeds, labelled=labelled,
-                   settings=settings(), test=test, say=say)
+                   settings=settings(), test=test, calibration=calibration, say=say)
     with open(root / "crash" / "state.json") as f:
         at_crash = json.load(f)
     labels_at_crash = sorted(os.listdir(root / "crash" / "round_001" / "labels"))
@@ -109,6 +110,9 @@ def test_loop_labels_uncertain_frames_with_the_oracle(runs):
     # round 1 continues round 0's members: its starting test errors are round 0's final ones
     assert rounds[1]["trained"]["before"] == rounds[0]["trained"]["after"]
     assert rounds[1]["held_out"] is not None and 0 <= rounds[1]["held_out"]["within"]["1"] <= 1
+    for r in rounds:   # the spread's scale from the calibration set scales the threshold too
+        assert r["scale"] == r["calibration"]["scale"] != 1.0
+        assert r["next_threshold"] == pytest.approx(r["median_score"] * r["scale"])
     for name in ("rounds.png", "round_001/spread.png", "log.jsonl"):
         assert os.path.getsize(folder / name) > 0
     events = [json.loads(line)["event"] for line in open(folder / "log.jsonl")]
