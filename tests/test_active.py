@@ -174,6 +174,13 @@ def test_cli_continues_and_refuses_by_name(runs):
     assert bad.returncode == 2 and "give 'emt' or 'module:function'" in bad.stderr
     other = subprocess.run(cmd + ["--record_every", "7"], capture_output=True, text=True)
     assert other.returncode == 2 and "record_every: 5 -> 7" in other.stderr
+    new = [sys.executable, "-m", "chemtrain.active", "--folder", str(runs["root"] / "new"),
+           "--seeds", "start.xyz", "--labelled", "labels.xyz"]
+    for extra, expected in ((["--labels_per_round", "0"], "labels_per_round must be an integer"),
+                            (["--", "--seed", "3"], "finetune_args must not contain --seed")):
+        out = subprocess.run(new + extra, capture_output=True, text=True)
+        assert out.returncode == 2 and expected in out.stderr, out.stderr
+    assert not (runs["root"] / "new").exists()
 
 
 def test_diverse_picks_skip_near_duplicates():
