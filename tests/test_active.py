@@ -140,8 +140,18 @@ def test_a_crash_while_labelling_loses_nothing_and_resumes_exactly(runs):
 
 def test_a_restart_with_other_settings_is_refused(runs):
     from chemtrain import active
+    ref = str(runs["root"] / "ref")
     with pytest.raises(ValueError, match=r"other settings \(md_steps: 150 -> 10\)"):
-        active.run(str(runs["root"] / "ref"), settings=settings(md_steps=10))
+        active.run(ref, settings=settings(md_steps=10))
+    same = dict(seeds=[cu(0, 0.0)], labelled=[emt(cu(k)) for k in range(1, 9)],
+                test=[emt(cu(k, 0.1)) for k in range(20, 24)], settings=settings())
+    active.run(ref, say=lambda line: None, **same)   # the same data named again: fine
+    for key, other, match in (("seeds", [cu(5)], "other seed structures"),
+                              ("labelled", [emt(cu(k)) for k in range(2, 10)],
+                               "other seed labels"),
+                              ("test", [emt(cu(k, 0.1)) for k in range(20, 23)], "other test set")):
+        with pytest.raises(ValueError, match=match):
+            active.run(ref, say=lambda line: None, **{**same, key: other})
     done = active.run(str(runs["root"] / "ref"), say=lambda line: None)   # finished: nothing to do
     assert [r["round"] for r in done["rounds"]] == [0, 1]
     with pytest.raises(ValueError, match="Labels remain to be made: give the oracle"):
@@ -264,3 +274,22 @@ def test_a_new_run_needs_its_data(tmp_path):
     (tmp_path / "full" / "x").write_text("")
     with pytest.raises(ValueError, match="is not empty"):
         active.run(str(tmp_path / "full"), seeds=[cu(0)], labelled=[emt(cu(1))] * 3)
+
+
+def test_a_start_cut_short_can_start_again(tmp_path):
+    """A crash inside start (before state.json) leaves only start's own files;
+    the next start proceeds, anything else in the folder is refused."""
+    from chemtrain.active.folder import start
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "settings.json").write_text("{")   # cut short while writing
+    (folder / "seeds.extxyz").write_text("")
+    paths = start(str(folder), [cu(0)], [emt(cu(k)) for k in range(3)], settings())
+    assert json.load(open(paths.state)) == {"round": 0, "phase": "train"}
+    assert json.load(open(paths.settings))["md_steps"] == 150
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="is not empty"):
+        start(str(other), [cu(0)], [emt(cu(k)) for k in range(3)], settings())
+    assert (other / "notes.txt").read_text() == "mine"

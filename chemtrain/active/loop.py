@@ -23,69 +23,10 @@ from . import files as F
 from . import md as MD
 from . import pick as P
 from . import report as R
+from .folder import Paths, start
 from .settings import Settings
 
 PHASES = ("md", "pick", "label", "train", "assess")
-
-
-class Paths:
-    """The files of a run's folder."""
-
-    def __init__(self, folder: str):
-        self.folder = folder
-        for name in ("settings", "state", "guards"):
-            setattr(self, name, os.path.join(folder, f"{name}.json"))
-        for name in ("seeds", "labelled", "test", "calibration"):
-            setattr(self, name, os.path.join(folder, f"{name}.extxyz"))
-
-    def round(self, r: int, *parts) -> str:
-        return os.path.join(self.folder, f"round_{r:03d}", *parts)
-
-    def members(self, r: int) -> list[str]:
-        return sorted(glob.glob(self.round(r, "train", "model_member*.npz")),
-                      key=lambda p: int(p.rsplit("member", 1)[1][:-4]))
-
-
-def start(folder: str, seeds, labelled, settings: Settings, test=None, calibration=None):
-    """Create the folder of a new run, or check that a restart names the same run."""
-    paths = Paths(folder)
-    if os.path.exists(paths.state):
-        old = Settings.from_json(F.read_json(paths.settings))
-        if settings is not None and old.differences(settings):
-            raise ValueError(f"{folder!r} holds a run with other settings ("
-                             f"{'; '.join(old.differences(settings))}); continue it with its "
-                             f"own (settings=None) or start in another folder.")
-        if settings is not None and settings.rounds != old.rounds:
-            F.write_json(paths.settings, settings.to_json())
-        return paths
-    if seeds is None or labelled is None:
-        raise ValueError(f"{folder!r} holds no run yet: give the seed structures and the seed "
-                         f"labels.")
-    settings = settings or Settings()
-    from ..uncertainty import as_frames
-    seed_frames = as_frames(seeds, "seed structures")
-    sets = {"labelled": F.as_labelled(labelled, "seed labels")}
-    if len(sets["labelled"]) < 3:
-        raise ValueError(f"{len(sets['labelled'])} seed labels: a committee needs at least 3 "
-                         f"(training and validation).")
-    for name, given in (("test", test), ("calibration", calibration)):
-        if given is not None:
-            sets[name] = F.as_labelled(given, f"{name} set")
-    os.makedirs(folder, exist_ok=True)
-    if os.listdir(folder):
-        raise ValueError(f"{folder!r} is not empty and holds no active-learning run: choose an "
-                         f"empty or new folder.")
-    F.write_frames(paths.seeds, [a.copy() for a in seed_frames])
-    for name, frames in sets.items():
-        F.write_frames(getattr(paths, name), frames)
-    F.write_json(paths.settings, settings.to_json())
-    shortest = min(MD.shortest_distance(a) for a in sets["labelled"])
-    F.write_json(paths.guards, {"min_distance": settings.min_distance or 0.7 * shortest,
-                                     "shortest_labelled_distance": shortest})
-    F.write_json(paths.state, {"round": 0, "phase": "train"})
-    F.append_log(folder, {"event": "start", "seeds": len(seed_frames),
-                          "labels": len(sets["labelled"])})
-    return paths
 
 
 def run(folder: str, oracle=None, seeds=None, labelled=None, settings: Settings | None = None,
