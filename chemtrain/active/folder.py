@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import glob
-import json
 import os
 
 import numpy as np
@@ -76,7 +75,8 @@ def start(folder: str, seeds, labelled, settings: Settings, test=None, calibrati
     F.write_json(paths.settings, settings.to_json())
     shortest = min(MD.shortest_distance(a) for a in sets["labelled"])
     F.write_json(paths.guards, {"min_distance": settings.min_distance or 0.7 * shortest,
-                                     "shortest_labelled_distance": shortest})
+                                "shortest_labelled_distance": shortest,
+                                "seed_labels": len(sets["labelled"])})
     F.write_json(paths.state, {"round": 0, "phase": "train"})
     F.append_log(folder, {"event": "start", "seeds": len(seed_frames),
                           "labels": len(sets["labelled"])})
@@ -84,9 +84,8 @@ def start(folder: str, seeds, labelled, settings: Settings, test=None, calibrati
 
 
 def _seed_count(paths) -> int:
-    """How many of the labels were the seed labels (from the log's first line)."""
-    with open(os.path.join(paths.folder, "log.jsonl")) as f:
-        return json.loads(f.readline())["labels"]
+    """How many of the labels were the seed labels."""
+    return F.read_json(paths.guards)["seed_labels"]
 
 
 def _same(a: list, b: list) -> bool:
