@@ -206,7 +206,6 @@ def test_diverse_picks_skip_near_duplicates():
     assert near < 0.1 * far
     picks = diverse(scores, f, 3)
     assert picks[0] == 0 and sorted(picks) == [0, 5, 6]   # not the five near-duplicates
-    assert list(np.argsort(-np.asarray(scores))[:3]) == [0, 1, 2]   # what top scores would take
     # a candidate like a training structure counts as covered
     assert diverse(scores[5:], f[5:], 1, covered=f[5:6]) == [0]
     assert diverse(scores[5:], f[5:], 2, covered=f[5:6]) == [0, 1]
