@@ -164,7 +164,8 @@ def test_a_restart_with_other_settings_is_refused(runs):
 
 def test_md_stops_an_explosion_and_keeps_the_frames_before_it(runs):
     from chemtrain.active import md
-    committee = md.committee_of(runs["ref"]["members"])
+    from chemtrain.finetune.family import committee_of
+    committee = committee_of(runs["ref"]["members"])
     out = md.run(cu(0), committee, temperature_K=3e5, steps=400, timestep_fs=2.0,
                  friction_per_fs=0.02, record_every=1, threshold=1e9, scale=1.0, stop_after=5,
                  max_force=50.0, min_distance=1.6, keep_sane=3, seed=0)

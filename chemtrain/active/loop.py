@@ -23,6 +23,7 @@ from . import files as F
 from . import md as MD
 from . import pick as P
 from . import report as R
+from ..finetune.family import committee_of
 from .folder import Paths, start
 from .settings import Settings
 
@@ -81,7 +82,7 @@ def _next_round(r: int, s: Settings) -> dict:
 
 def phase_md(paths: Paths, s: Settings, r: int, oracle, say) -> dict:
     prev = F.read_json(paths.round(r - 1, "summary.json"))
-    committee = MD.committee_of(paths.members(last_trained(paths, r - 1)))
+    committee = committee_of(paths.members(last_trained(paths, r - 1)))
     seeds = F.read_frames(paths.seeds)
     runs = [(k, t) for k in range(len(seeds)) for t in s.temperatures_K]
     records = []
@@ -267,7 +268,7 @@ def phase_train(paths: Paths, s: Settings, r: int, oracle, say) -> dict:
 def phase_assess(paths: Paths, s: Settings, r: int, oracle, say) -> dict:
     from .. import uncertainty as U
     members = paths.members(r)
-    committee = MD.committee_of(members)
+    committee = committee_of(members)
     known = F.read_frames(paths.labelled)
     median = float(np.median(U.scores(committee, known)))
     scale, calibration = 1.0, None
@@ -281,7 +282,7 @@ def phase_assess(paths: Paths, s: Settings, r: int, oracle, say) -> dict:
     if r > 0:   # this round's new labels, for the committee that picked them
         new = known[len(known) - _new_count(paths, r, len(known)):]
         if new:
-            before = MD.committee_of(paths.members(last_trained(paths, r - 1)))
+            before = committee_of(paths.members(last_trained(paths, r - 1)))
             held_out = U.calibration(U.committee_forces(before, new),
                                      [a.arrays[F.FORCES_KEY] for a in new], scale)
     # MD compares scale x spread: a relative threshold is scaled alike

@@ -10,16 +10,6 @@ class _Stop(Exception):
     """Raised inside the dynamics to end the run; carries the reason."""
 
 
-def committee_of(paths):
-    """The :class:`~chemtrain.calculator.CommitteeCalculator` of member
-    files written by ``chemtrain-finetune`` (MACE or NequIP)."""
-    from ..calculator import CommitteeCalculator
-    from ..finetune.family import file_kind
-    if file_kind(paths[0]) == "chemtrain-nequip":
-        return CommitteeCalculator.from_nequip(list(paths))
-    return CommitteeCalculator.from_mace(list(paths))
-
-
 def shortest_distance(atoms, within: float = 8.0) -> float:
     """The shortest interatomic distance of ``atoms`` (periodic images
     included; ``within`` if none is shorter)."""

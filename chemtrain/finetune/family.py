@@ -188,6 +188,19 @@ def file_kind(path: str):
         return None   # the loader reports what is wrong with it
 
 
+def committee_of(paths, head=None):
+    """The :class:`~chemtrain.calculator.CommitteeCalculator` of member files
+    written by ``chemtrain-finetune``, MACE or NequIP by the first file's
+    kind (``head``: a MACE head; NequIP has one, and refuses it)."""
+    from ..calculator import CommitteeCalculator
+    if file_kind(paths[0]) == "chemtrain-nequip":
+        if head is not None:
+            raise DataError("--head picks a head of MACE members; NequIP members have one: "
+                            "leave it out.")
+        return CommitteeCalculator.from_nequip(list(paths))
+    return CommitteeCalculator.from_mace(list(paths), head=head)
+
+
 def check_flags(family: Family, args, given_flags: set) -> str | None:
     """Refuse the flags a NequIP job cannot honour, by name; settle the
     defaults that differ for it. Returns a note for the log, or None."""

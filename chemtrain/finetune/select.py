@@ -96,7 +96,6 @@ def run(argv=None) -> list[int]:
     args = parser().parse_args(argv)
     import ase.io
     import numpy as np
-    from ..calculator import CommitteeCalculator
     from ..uncertainty import as_frames, check_informative, rank, scores
     if bool(args.model_dir) == bool(args.models):
         raise DataError("Give the committee either as --model_dir or as --models, not both "
@@ -112,14 +111,8 @@ def run(argv=None) -> list[int]:
     if os.path.exists(args.out):
         raise DataError(f"--out {args.out!r} exists; choose a new file (nothing is written over).")
     try:
-        from .family import file_kind
-        if file_kind(paths[0]) == "chemtrain-nequip":
-            if args.head is not None:
-                raise DataError("--head picks a head of MACE members; NequIP members have one: "
-                                "leave it out.")
-            committee = CommitteeCalculator.from_nequip(paths)
-        else:
-            committee = CommitteeCalculator.from_mace(paths, head=args.head)
+        from .family import committee_of
+        committee = committee_of(paths, args.head)
         frames = as_frames(args.pool, f"pool {args.pool!r}")
     except (ValueError, FileNotFoundError) as e:
         raise DataError(str(e)) from e

@@ -151,7 +151,7 @@ def calibrate(members, test) -> dict:
     """The final committee's calibration on the odd test frames, raw and with
     the spread's scale fitted on the even ones."""
     from chemtrain import uncertainty as U
-    from chemtrain.active.md import committee_of
+    from chemtrain.finetune.family import committee_of
     committee = committee_of(members)
     fit, held = test[0::2], test[1::2]
     reference = lambda frames: [a.arrays["REF_forces"] for a in frames]  # noqa: E731
