@@ -62,3 +62,5 @@ bench difftre_parallel python3 benchmarks/difftre_parallel.py --epochs 3
 # reweighting on problems with known answers (short)
 bench known_answers python3 benchmarks/reweighting_known_answers.py --problem re-bond \
     --updates 200 --seeds 0
+# learning from dynamics: argon's cost with and without a neighbor list
+bench argon_costs python3 benchmarks/argon_costs.py --modes cell,all --batches 1,10

@@ -150,16 +150,19 @@ def ase_lj():
 LJ = {"sigma": 0.34, "epsilon": 1.0}   # nm, kJ/mol
 
 
-@pytest.mark.parametrize("fmt", ["sparse", "dense", "ordered_sparse"])
+@pytest.mark.parametrize("fmt", ["sparse", "dense", "ordered_sparse", "all_pairs"])
 def test_template_calculator_matches_ase_lennard_jones(fmt):
     """chemtrain's Lennard-Jones template in a periodic cell against ASE's
-    own Lennard-Jones (same smooth cutoff), and in free space."""
+    own Lennard-Jones (same smooth cutoff), and in free space; ``all_pairs``:
+    the template's sum over all pairs, which ignores the (dense) list."""
     from jax_md import space
     from chemtrain.models.pair import lennard_jones_template
     atoms = argon()
     disp, _ = space.periodic_general(jnp.asarray(atoms.cell.array.T * 0.1), fractional_coordinates=False)
-    calc = ChemtrainCalculator(lennard_jones_template(disp, 0.85, 0.765), LJ, 0.85,
-                               neighbor_format=fmt, capacity=2 if fmt == "dense" else None,
+    all_pairs = fmt == "all_pairs"
+    fmt = "dense" if all_pairs else fmt
+    calc = ChemtrainCalculator(lennard_jones_template(disp, 0.85, 0.765, all_pairs=all_pairs), LJ,
+                               0.85, neighbor_format=fmt, capacity=2 if fmt == "dense" else None,
                                dtype="float64")
     ours, theirs = results(atoms, calc, stress=True), results(atoms, ase_lj(), stress=True)
     assert abs(ours[0] - theirs[0]) <= 1e-8 * abs(theirs[0])
@@ -167,7 +170,8 @@ def test_template_calculator_matches_ase_lennard_jones(fmt):
     if fmt == "dense":
         assert calc.capacity > 2   # grew to the largest neighbor count
     free = ase.Atoms("Ar20", positions=np.random.default_rng(1).uniform(0, 9, (20, 3)))
-    calc = ChemtrainCalculator(lennard_jones_template(space.free()[0], 0.85, 0.765), LJ, 0.85,
+    calc = ChemtrainCalculator(lennard_jones_template(space.free()[0], 0.85, 0.765,
+                                                      all_pairs=all_pairs), LJ, 0.85,
                                neighbor_format=fmt, dtype="float64")
     ours, theirs = results(free, calc), results(free, ase_lj())
     assert abs(ours[0] - theirs[0]) <= 1e-8 * abs(theirs[0]) and rel(ours[1], theirs[1]) <= 1e-8

@@ -53,7 +53,8 @@ def block_size(n_steps: int) -> int:
 
 
 def make_segment(energy_fn_template: Callable, shift_fn: Callable, dt: float, n_steps: int,
-                 block: int | None = None, stress_box=None) -> Callable:
+                 block: int | None = None, stress_box=None,
+                 neighbors: bool = True) -> Callable:
     """An NVE segment of ``n_steps`` velocity-Verlet steps of ``dt`` ps,
     differentiable with memory that grows with ``sqrt(n_steps)``.
 
@@ -71,6 +72,10 @@ def make_segment(energy_fn_template: Callable, shift_fn: Callable, dt: float, n_
         is the strain derivative through the energy function's
         ``perturbation`` keyword, as for :func:`chemtrain.quantity.pressure`.
         None: no stress (it costs about one more backward pass per step).
+      neighbors: False for a potential that ignores its neighbor list (e.g.
+        ``lennard_jones_template(..., all_pairs=True)``): the segment then
+        neither passes nor updates one, which vmapped segments
+        (``segment_batch``) would otherwise rebuild at every step.
 
     Returns:
       ``segment(params, position, momentum, mass, nbrs, kwargs) -> (series,
@@ -96,6 +101,7 @@ def make_segment(energy_fn_template: Callable, shift_fn: Callable, dt: float, n_
                          f"(None picks {block_size(n_steps)}).")
 
     def segment(params, position, momentum, mass, nbrs, kwargs):
+        nbrs = nbrs if neighbors else None
         energy_fn = energy_fn_template(params)
         init_fn, step_fn = simulate.nve(energy_fn, shift_fn, dt)
         state = init_fn(None, position, 0.0, mass=mass, momenta=momentum, neighbor=nbrs,
@@ -196,7 +202,7 @@ def start_states(chains):
 
 def make_value_and_grad(energy_fn_template: Callable, segment: Callable,
                         functionals: Mapping[str, Callable], loss_fn: Callable,
-                        vmap_batch: int | None = 10) -> Callable:
+                        vmap_batch: int | None = 10, segment_batch: int = 1) -> Callable:
     """The loss of dynamic observables and its exact gradient.
 
     Args:
@@ -208,6 +214,11 @@ def make_value_and_grad(energy_fn_template: Callable, segment: Callable,
       loss_fn: ``(observables, targets) -> (loss, parts)``, a scalar and
         a dict of its parts (e.g. :func:`squared_error`).
       vmap_batch: snapshots whose energies are evaluated at once.
+      segment_batch: start states whose segments run at once (vmapped), in
+        both passes. 1 (the default) runs them one after another, which is
+        fastest on a CPU; on an accelerator a batch of tens fills the
+        device (memory grows with the batch: see ``benchmarks/dynamics.py``).
+        The gradient is the same up to rounding.
 
     Returns:
       ``value_and_grad(params, chains, U_ref, targets, state_kwargs) ->
@@ -218,6 +229,10 @@ def make_value_and_grad(energy_fn_template: Callable, segment: Callable,
       ``weights``, ``n_eff`` and ``nbr_overflow`` (segments or snapshots
       whose neighbor list overflowed).
     """
+    if isinstance(segment_batch, bool) or not isinstance(segment_batch, int) \
+            or segment_batch < 1:
+        raise ValueError(f"segment_batch must be a positive whole number (start states whose "
+                         f"segments run at once), got {segment_batch!r}.")
     evaluate = reweight.make_snapshot_evaluator(energy_fn_template, None, vmap_batch)
 
     def observe(params, R, P, nbrs0, state_kwargs):
@@ -230,7 +245,8 @@ def make_value_and_grad(energy_fn_template: Callable, segment: Callable,
     def value_and_grad(params, chains, U_ref, targets, state_kwargs):
         R, P, nbrs0 = start_states(chains)
         per_start, overflow = jax.lax.map(
-            lambda rp: observe(params, rp[0], rp[1], nbrs0, state_kwargs), (R, P))
+            lambda rp: observe(params, rp[0], rp[1], nbrs0, state_kwargs), (R, P),
+            batch_size=None if segment_batch == 1 else min(segment_batch, R.shape[0]))
         per_start = jax.lax.stop_gradient(per_start)
 
         def mixture(p):
@@ -244,13 +260,26 @@ def make_value_and_grad(energy_fn_template: Callable, segment: Callable,
         cot = loss_vjp(jnp.ones_like(loss))[0]
         grad_start = start_vjp(cot)[0]
 
-        def add_segment(total, item):
-            r, p, wi = item
+        def segment_grad(r, p, wi):
             _, vjp = jax.vjp(lambda q: observe(q, r, p, nbrs0, state_kwargs)[0], params)
-            g = vjp(jax.tree.map(lambda c: wi * c, cot))[0]
+            return vjp(jax.tree.map(lambda c: wi * c, cot))[0]
+
+        def add_segment(total, item):
+            g = segment_grad(*item)
             return jax.tree.map(jnp.add, total, g), None
-        grad_segments, _ = jax.lax.scan(add_segment, jax.tree.map(jnp.zeros_like, params),
-                                        (R, P, w))
+
+        def add_batch(total, item):
+            g = jax.vmap(segment_grad)(*item)
+            return jax.tree.map(lambda t, x: t + jnp.sum(x, axis=0), total, g), None
+
+        zero = jax.tree.map(jnp.zeros_like, params)
+        if segment_batch == 1:
+            grad_segments, _ = jax.lax.scan(add_segment, zero, (R, P, w))
+        else:   # padded start states repeat the last one with weight 0
+            batch = min(segment_batch, R.shape[0])
+            grad_segments, _ = jax.lax.scan(add_batch, zero, (
+                *reweight.pad_to_chunks((R, P), batch), reweight.pad_to_chunks(w, batch,
+                                                                               "zeros")))
         grad = jax.tree.map(jnp.add, grad_start, grad_segments)
         aux = {"predictions": observables, "per_start": per_start, "weights": w,
                "n_eff": reweight.effective_sample_size(w), "parts": parts,

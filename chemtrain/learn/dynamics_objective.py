@@ -14,7 +14,9 @@ targets (an RDF, a pressure) of the same state point in one loss.
   name is required;
 - ``quantities`` and optionally ``observables``, ``vmap_batch``: DiffTRe's,
   for the static targets (every other target name); none: dynamic targets
-  only.
+  only;
+- ``segment_batch``: start states whose segments run at once (default 1;
+  tens on an accelerator: :func:`chemtrain.learn.dynamics.make_value_and_grad`).
 
 The targets' specs ``{name: {'gamma': w}}`` weigh each target's squared
 error. The loss is the static (DiffTRe) loss plus ``sum gamma x
@@ -70,7 +72,8 @@ def _prepare(fns, spec: Mapping) -> DynamicsFunctions:
     gammas = {k: float(targets[k].get("gamma", 1.0)) for k in functionals}
     dynamic = dynamics.make_value_and_grad(fns.energy_fn_template, spec["segment"], functionals,
                                            dynamics.squared_error(gammas),
-                                           spec.get("vmap_batch", 10))
+                                           spec.get("vmap_batch", 10),
+                                           spec.get("segment_batch", 1))
     static_targets = {k: v for k, v in targets.items() if k not in functionals}
     static, quantities = None, dict(spec.get("quantities") or {})
     if static_targets:

@@ -51,6 +51,10 @@ def pair_energy(pair_fn: Callable, displacement_fn: Callable, positions, neighbo
         neighbor list is given with ``displacement_fn`` None, or if
         ``displacement_fn`` does not return one vector per pair.
     """
+    if neighbor is None:
+        raise ValueError("This pair potential sums over a neighbor list or graph, but none was "
+                         "given (neighbor=None). Pass one, or build the template on all pairs "
+                         "(e.g. lennard_jones_template(..., all_pairs=True)).")
     _, _, dr, real = edge_vectors(displacement_fn, positions, neighbor, **displacement_kwargs)
     d2 = jnp.sum(dr * dr, axis=-1)
     r = jnp.sqrt(jnp.where(real, d2, 1.0))  # safe gradient on unused edges
@@ -62,7 +66,7 @@ def cosine_cutoff(r, r_cutoff):
 
 
 def lennard_jones_template(displacement_fn: Callable, r_cutoff: float,
-                           r_onset: float | None = None) -> Callable:
+                           r_onset: float | None = None, all_pairs: bool = False) -> Callable:
     """Lennard-Jones pair energy template, smoothly switched off at ``r_cutoff``.
 
     The pair energy is jax-md's ``4 epsilon ((sigma / r)^12 - (sigma / r)^6)``
@@ -81,6 +85,11 @@ def lennard_jones_template(displacement_fn: Callable, r_cutoff: float,
       r_cutoff: distance in nm beyond which the energy is zero.
       r_onset: distance in nm where the switch starts; default
         ``0.9 * r_cutoff``.
+      all_pairs: sum over all pairs of atoms (minimum image) and ignore the
+        neighbor list: N^2 distances without gathers, which an accelerator
+        evaluates faster than a list for a few thousand atoms (a TPU:
+        ``benchmarks/argon_costs.py``). Needs ``r_cutoff`` at most half the
+        box; honours ``mask``.
 
     Returns:
       An :class:`~chemtrain.models.EnergyTemplate` with ``cutoff=r_cutoff``
@@ -93,10 +102,28 @@ def lennard_jones_template(displacement_fn: Callable, r_cutoff: float,
 
     def template(params):
         def energy_fn(positions, neighbor, **kwargs):
-            return pair_energy(lambda r: switch(r, params["sigma"], params["epsilon"]),
-                               displacement_fn, positions, neighbor, **displacement_kwargs(kwargs))
+            fn = lambda r: switch(r, params["sigma"], params["epsilon"])  # noqa: E731
+            if all_pairs:
+                return all_pair_energy(fn, displacement_fn, positions, kwargs.get("mask"),
+                                       **displacement_kwargs(kwargs))
+            return pair_energy(fn, displacement_fn, positions, neighbor,
+                               **displacement_kwargs(kwargs))
         return energy_fn
     return EnergyTemplate(template, cutoff=float(r_cutoff), periodic=periodic(displacement_fn))
+
+
+def all_pair_energy(pair_fn: Callable, displacement_fn: Callable, positions, mask=None,
+                    **displacement_kwargs):
+    """Sum a pair potential over all pairs of atoms (each once; minimum image
+    of ``displacement_fn``), of real atoms only where ``mask`` is given."""
+    d = lambda a, b: displacement_fn(a, b, **displacement_kwargs)  # noqa: E731
+    dr = jax.vmap(jax.vmap(d, (None, 0)), (0, None))(positions, positions)
+    n = positions.shape[0]
+    real = ~jnp.eye(n, dtype=bool)
+    if mask is not None:
+        real = real & mask[:, None] & mask[None, :]
+    r = jnp.sqrt(jnp.where(real, jnp.sum(dr * dr, axis=-1), 1.0))
+    return 0.5 * jnp.sum(jnp.where(real, pair_fn(r), 0.0))
 
 
 def init_pair_mlp(key, hidden: Sequence[int] = (32, 32), n_basis: int = 16, dtype=jnp.float32):

@@ -3,6 +3,7 @@ self-diffusion coefficient (Rahman's liquid argon, Han and Yu's test).
 
     python examples/difftre/argon_diffusion.py [--updates 30] [--segments 100]
         [--segment-ps 2.0] [--dt 0.004] [--check-segments 200] [--out argon_diffusion]
+        [--all-pairs] [--segment-batch 1]
 
 The system (Rahman, Phys. Rev. 136, A405 (1964)): 864 argon atoms in a
 3.47786 nm box (1.374 g/cm^3) at 94.4 K, mass 39.948 amu, a Lennard-Jones
@@ -23,10 +24,14 @@ a fresh NVT trajectory of the final parameters (another seed) gives
 check of D.
 
 Writes under ``--out``: ``results.json`` (D per update, parameters, times,
-the check) and ``diffusion.png``. The defaults are Han and Yu's numbers:
-on a GPU or TPU; on 2 CPU cores an update of 100 segments of 2 ps takes
-about 18 minutes (``benchmarks/dynamics.py``), so try ``--segments 10
---segment-ps 1 --updates 3`` there.
+the check) and ``diffusion.png``. The defaults are Han and Yu's numbers,
+an accelerator's job: on one TPU v5e with ``--all-pairs --segment-batch
+10`` (the potential summed over all pairs, no neighbor list: 90 times
+cheaper there, ``benchmarks/argon_costs.py``) an update of 100 segments
+of 2 ps took 20 s, of 60 segments 12 s (results in
+``docs/guides/dynamics.md``). On 2 CPU cores keep the neighbor list: an
+update of 100 segments takes about 18 minutes (``benchmarks/dynamics.py``),
+so try ``--segments 10 --segment-ps 1 --updates 3`` there.
 """
 from __future__ import annotations
 
@@ -63,6 +68,21 @@ def lattice():
     return ((cells[:, None, :] + basis[None] + 0.25) * a).reshape(-1, 3).astype(np.float32)
 
 
+def neighbor_fn(displacement, all_pairs: bool = False, cell_list: bool = True):
+    """The neighbor list: a Dense list of the 1.0 nm cutoff with a 0.1 nm skin
+    (built with jax-md's cell list, or from all distances), or, for a
+    potential on all pairs (``--all-pairs``), a list that is never rebuilt
+    (its skin exceeds any displacement in the box): the trainer's
+    bookkeeping needs one, the energy ignores it."""
+    if all_pairs:
+        return partition.neighbor_list(displacement, BOX, 1.0, dr_threshold=4 * BOX,
+                                       disable_cell_list=True,
+                                       format=partition.NeighborListFormat.Dense)
+    return partition.neighbor_list(displacement, BOX, 1.0, dr_threshold=0.1,
+                                   capacity_multiplier=1.5, disable_cell_list=not cell_list,
+                                   format=partition.NeighborListFormat.Dense)
+
+
 def melt(template, shift, nbr_fn, params, dt, seed):
     """The lattice melted: 10 ps of Langevin dynamics at 3 x 94.4 K, then 5 ps
     at 94.4 K (chemtrain.simulate.sample_langevin, which re-allocates an
@@ -83,23 +103,28 @@ def main():
     p.add_argument("--dt", type=float, default=0.004, help="time step (ps)")
     p.add_argument("--check-segments", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--segment-batch", type=int, default=1,
+                   help="start states whose segments run at once (vmapped); tens on a TPU/GPU")
+    p.add_argument("--all-pairs", action="store_true",
+                   help="sum the potential over all pairs, without a neighbor list (faster on "
+                        "a TPU: benchmarks/argon_costs.py)")
     p.add_argument("--out", default="argon_diffusion")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     displacement, shift = space.periodic(BOX)
-    template = lennard_jones_template(displacement, 1.0)
-    nbr_fn = partition.neighbor_list(displacement, BOX, 1.0, dr_threshold=0.1,
-                                     capacity_multiplier=1.5,
-                                     format=partition.NeighborListFormat.Dense)
+    template = lennard_jones_template(displacement, 1.0, all_pairs=args.all_pairs)
+    nbr_fn = neighbor_fn(displacement, args.all_pairs)
     kT = kT_of(TEMPERATURE)
     started = time.perf_counter()
     reference = melt(template, shift, nbr_fn, {k: jnp.asarray(v) for k, v in START.items()},
                      args.dt, args.seed)
     print(f"melted in {time.perf_counter() - started:.0f} s", flush=True)
 
-    segment = make_segment(template, shift, args.dt, check_steps(args.dt, args.segment_ps))
+    segment = make_segment(template, shift, args.dt, check_steps(args.dt, args.segment_ps),
+                           neighbors=not args.all_pairs)
     spec = {"segment": segment, "functionals": {"D": dynamics.diffusion()},
-            "targets": {"D": {"gamma": 1e6}}, "vmap_batch": 10}
+            "targets": {"D": {"gamma": 1e6}}, "vmap_batch": 10,
+            "segment_batch": args.segment_batch}
     timings = process_printouts(args.dt, 5.0 + args.segments, 5.0, 1.0)
     labels = {"sigma": "sigma", "epsilon": "epsilon"}
     optimizer = optax.multi_transform({"sigma": optax.adam(2e-4), "epsilon": optax.adam(1e-2)},

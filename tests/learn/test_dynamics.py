@@ -121,6 +121,40 @@ def test_diffusion_loss_gradient_equals_central_differences():
         assert float(aux["predictions"]["D"]) == pytest.approx(float(w @ per), rel=1e-12)
         _check_central_differences(
             lambda p: float(value_and_grad(p, chains, U_ref, target, kw)[0][0]), params, grad)
+        # segments vmapped 3 at a time (the 4 start states as 3 + 1 padded
+        # with weight 0): the same numbers up to rounding
+        batched = jax.jit(dyn.make_value_and_grad(
+            template, segment, {"D": dyn.diffusion()}, dyn.squared_error(), segment_batch=3))
+        (loss_b, aux_b), grad_b = batched(params, chains, U_ref, target, kw)
+        np.testing.assert_allclose(float(loss_b), float(loss), rtol=1e-10)
+        np.testing.assert_allclose(aux_b["per_start"]["D"], per, rtol=1e-10)
+        for name in params:
+            np.testing.assert_allclose(float(grad_b[name]), float(grad[name]), rtol=1e-9)
+    with pytest.raises(ValueError, match="segment_batch must be a positive whole number"):
+        dyn.make_value_and_grad(template, segment, {"D": dyn.diffusion()}, dyn.squared_error(),
+                                segment_batch=0)
+
+
+def test_segment_without_a_neighbor_list_on_all_pairs():
+    """``neighbors=False`` with the all-pairs Lennard-Jones gives the series
+    of the listed potential on the same start; a listed potential given no
+    list is refused by name."""
+    template, shift, chains, _ = _lj_liquid()
+    snapshots, nbrs = chains[0]
+    R, P = snapshots.position[0], snapshots.momentum[0]
+    params = {"sigma": jnp.asarray(0.3), "epsilon": jnp.asarray(1.0)}
+    listed, over = jax.jit(dyn.make_segment(template, shift, 0.005, 20))(
+        params, R, P, 40.0, nbrs.update(R), {})
+    disp, _ = space.periodic(1.05)
+    pairs = dyn.make_segment(lennard_jones_template(disp, 0.5, all_pairs=True), shift, 0.005, 20,
+                             neighbors=False)
+    unlisted, _ = jax.jit(pairs)(params, R, P, 40.0, nbrs.update(R), {})
+    assert not bool(over)
+    np.testing.assert_allclose(unlisted["vacf"], listed["vacf"], rtol=1e-4)
+    np.testing.assert_allclose(unlisted["msd"], listed["msd"], rtol=1e-4, atol=1e-9)
+    no_list = dyn.make_segment(template, shift, 0.005, 20, neighbors=False)
+    with pytest.raises(ValueError, match="neighbor list or graph, but none was given"):
+        no_list(params, R, P, 40.0, nbrs, {})
 
 
 def test_stress_series_and_viscosity_gradient_on_the_liquid():
