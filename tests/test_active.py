@@ -1,84 +1,76 @@
 """chemtrain.active: the on-the-fly loop (MD with a committee, picks, EMT
-labels, retraining), its guards, and a restart after a crash while labelling."""
+labels, retraining), its guards, and restarts after SIGKILL during MD,
+labelling and training."""
+import glob
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
-SIZES = ["--num_channels", "8", "--max_L", "0", "--max_ell", "1", "--correlation", "2",
-         "--r_max", "4.0", "--radial_MLP", "[16, 16]", "--batch_size", "4"]
+from active_run import cu, emt, inputs, settings
 
 
-def cu(seed: int, rattle: float = 0.05, a: float = 3.61):
-    from ase.build import bulk
-    atoms = bulk("Cu", "fcc", a=a, cubic=True) * (2, 2, 2)
-    atoms.rattle(rattle, seed=seed)
-    return atoms
+def _state(folder):
+    try:
+        with open(os.path.join(folder, "state.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
-def emt(atoms):
-    from ase.calculators.emt import EMT
-    from chemtrain.active.files import labelled_copy
-    a = atoms.copy()
-    a.calc = EMT()
-    return labelled_copy(atoms, a.get_potential_energy(), a.get_forces())
-
-
-def settings(**kw):
-    from chemtrain.active import Settings
-    return Settings(**{**dict(rounds=1, labels_per_round=3, ensemble_size=2, epochs_first=8,
-                              epochs_per_round=3, md_steps=150, record_every=5,
-                              temperatures_K=(900.0,), threshold=1.0, finetune_args=SIZES),
-                       **kw})
-
-
-class Crashing:
-    """An oracle process that is killed (KeyboardInterrupt) at its n-th label."""
-
-    def __init__(self, n):
-        self.n, self.calls = n, 0
-
-    def __call__(self):
-        from ase.calculators.emt import EMT
-        outer = self
-
-        class Killed(EMT):
-            def calculate(self, *args, **kwargs):
-                outer.calls += 1
-                if outer.calls == outer.n:
-                    raise KeyboardInterrupt("killed while labelling")
-                return super().calculate(*args, **kwargs)
-        return Killed()
+def _killed_when(folder, ready, timeout=600.0):
+    """Run (or continue) the test run in its own process and SIGKILL its
+    process group once ``ready()``; the state it was killed in."""
+    import mp
+    proc = subprocess.Popen([sys.executable, os.path.join(mp.HERE, "active_run.py"), folder],
+                            env=mp.env(devices=4), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    started = time.monotonic()
+    try:
+        while not ready():
+            assert proc.poll() is None, f"the run ended before the kill:\n{proc.stdout.read()}"
+            assert time.monotonic() - started < timeout, "the run never got there"
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    return _state(folder)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The same run twice: once straight through, once killed while
-    labelling its second structure and started again."""
+    """The same run twice: once straight through in this process, once in
+    processes of its own, each killed by SIGKILL, during MD, while labelling
+    and while training, and the last one left to finish."""
     from ase.calculators.emt import EMT
     from chemtrain import active
     root = tmp_path_factory.mktemp("active")
-    seeds = [cu(0, 0.0)]
-    labelled = [emt(cu(k)) for k in range(1, 9)]
-    test = [emt(cu(k, 0.1)) for k in range(20, 24)]
-    calibration = [emt(cu(k, 0.08)) for k in range(30, 34)]
-    say = lambda line: None  # noqa: E731
-    ref = active.run(str(root / "ref"), oracle=EMT, seeds=seeds, labelled=labelled,
-                     settings=settings(), test=test, calibration=calibration, say=say)
-    crash = Crashing(2)
-    with pytest.raises(KeyboardInterrupt):
-        active.run(str(root / "crash"), oracle=crash, seeds=seeds, labelled=labelled,
-                   settings=settings(), test=test, calibration=calibration, say=say)
-    with open(root / "crash" / "state.json") as f:
-        at_crash = json.load(f)
-    labels_at_crash = sorted(os.listdir(root / "crash" / "round_001" / "labels"))
-    resumed = active.run(str(root / "crash"), oracle=EMT, say=say)
-    return {"root": root, "ref": ref, "resumed": resumed, "at_crash": at_crash,
-            "labels_at_crash": labels_at_crash, "n_seed": len(labelled)}
+    ref = active.run(str(root / "ref"), oracle=EMT, say=lambda line: None, **inputs())
+    folder = str(root / "killed")
+    r1 = os.path.join(folder, "round_001")
+    at, evidence = {}, {}
+
+    # MD of the test run takes well under a second: killed as soon as it starts
+    at["md"] = _killed_when(folder, lambda: _state(folder) == {"round": 1, "phase": "md"})
+    evidence["md"] = os.path.exists(os.path.join(r1, "md.json"))
+    at["label"] = _killed_when(folder, lambda: _state(folder) == {"round": 1, "phase": "label"}
+                               and glob.glob(os.path.join(r1, "labels", "*.json")))
+    evidence["label"] = sorted(os.listdir(os.path.join(r1, "labels")))
+    at["train"] = _killed_when(folder, lambda: _state(folder) == {"round": 1, "phase": "train"}
+                               and glob.glob(os.path.join(r1, "train", "checkpoints",
+                                                          "epoch_*.npz")))
+    evidence["train"] = os.path.exists(os.path.join(r1, "trained.json"))
+    resumed = active.run(folder, oracle=EMT, say=lambda line: None)
+    return {"root": root, "ref": ref, "resumed": resumed, "at": at, "evidence": evidence,
+            "n_seed": len(inputs()["labelled"])}
 
 
 def test_loop_labels_uncertain_frames_with_the_oracle(runs):
@@ -119,11 +111,19 @@ def test_loop_labels_uncertain_frames_with_the_oracle(runs):
     assert events == ["start", "assess", "md", "pick", "label", "assess"]
 
 
-def test_a_crash_while_labelling_loses_nothing_and_resumes_exactly(runs):
+def test_sigkill_in_md_labelling_and_training_loses_nothing_and_resumes_exactly(runs):
+    """Killed in each phase, the run continues to bitwise the labels and
+    members of the run that was never killed."""
     import ase.io
-    assert runs["at_crash"] == {"round": 1, "phase": "label"}
-    assert runs["labels_at_crash"] == ["0000.extxyz", "0000.json"]   # the first label was kept
-    a, b = runs["root"] / "ref", runs["root"] / "crash"
+    at, evidence = runs["at"], runs["evidence"]
+    assert at == {"md": {"round": 1, "phase": "md"}, "label": {"round": 1, "phase": "label"},
+                  "train": {"round": 1, "phase": "train"}}
+    assert evidence["md"] is False          # killed before MD had written its runs
+    picked = json.load(open(runs["root"] / "ref" / "round_001" / "picked.json"))
+    labels = [n for n in evidence["label"] if n.endswith(".json")]
+    assert 1 <= len(labels) < len(picked)   # killed between two labels, the first kept
+    assert evidence["train"] is False       # killed after an epoch, before the end
+    a, b = runs["root"] / "ref", runs["root"] / "killed"
     ref = ase.io.read(a / "labelled.extxyz", ":")
     got = ase.io.read(b / "labelled.extxyz", ":")
     assert len(ref) == len(got)
@@ -160,6 +160,39 @@ def test_a_restart_with_other_settings_is_refused(runs):
         active.run(str(more), settings=settings(rounds=2), say=lambda line: None)
     with open(more / "state.json") as f:
         assert json.load(f) == {"round": 2, "phase": "label"}
+
+
+def test_a_folder_in_use_is_refused_and_freed_when_its_process_ends(runs, tmp_path):
+    """Another process holding the run's lock is named in the refusal; once
+    it is killed the folder is free again. A refused start leaves neither
+    a folder nor a lock file behind."""
+    from chemtrain import active
+    folder = runs["root"] / "ref"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "os.pwrite(fd, b'pid 4242 on node7', 0)\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(120)\n"), str(folder / "run.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RuntimeError, match=r"in use by another process \(pid 4242 on node7\)"):
+            active.run(str(folder), say=lambda line: None)
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    done = active.run(str(folder), say=lambda line: None)   # freed by the holder's end
+    assert [r["round"] for r in done["rounds"]] == [0, 1]
+    with pytest.raises(ValueError, match="give the seed structures"):
+        active.run(str(tmp_path / "never"), seeds=[cu(0)])
+    assert not (tmp_path / "never").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("x")
+    with pytest.raises(ValueError, match="is not empty"):
+        active.run(str(tmp_path / "mine"), seeds=[cu(0)], labelled=[emt(cu(1))] * 3)
+    assert os.listdir(tmp_path / "mine") == ["notes.txt"]
 
 
 def test_md_stops_an_explosion_and_keeps_the_frames_before_it(runs):

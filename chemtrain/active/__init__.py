@@ -10,9 +10,10 @@ Everything lives in one folder (see :mod:`chemtrain.active.loop`); calling
 :func:`run` again on it continues where it stopped. The command line is
 ``chemtrain-active``.
 """
+from .folder import FolderInUse
 from .loop import PHASES, absurd, choose, label_one, run
 from .pick import diverse, fingerprints
 from .settings import Settings
 
 __all__ = ["run", "Settings", "PHASES", "diverse", "fingerprints", "label_one", "absurd",
-           "choose"]
+           "choose", "FolderInUse"]

@@ -15,6 +15,7 @@ import dataclasses
 import importlib
 import sys
 
+from .folder import FolderInUse
 from .settings import MODES, SELECTIONS, Settings
 
 
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
         oracle = oracle_of(args.oracle) if args.oracle else None
         out = loop.run(args.folder, oracle=oracle, seeds=args.seeds, labelled=args.labelled,
                        settings=settings, test=args.test_file, calibration=args.calibration_file)
-    except ValueError as e:
+    except (ValueError, FolderInUse) as e:   # bad input, or a folder in use
         p.exit(2, f"chemtrain-active: error: {e}\n")
     last = out["rounds"][-1] if out["rounds"] else {}
     print(f"Done: {len(out['rounds'])} rounds, {last.get('labels')} labels in "

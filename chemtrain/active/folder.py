@@ -1,8 +1,11 @@
 """The run's folder: its paths, and how a run starts or is continued there."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import glob
 import os
+import socket
 
 import numpy as np
 
@@ -10,9 +13,11 @@ from . import files as F
 from . import md as MD
 from .settings import Settings
 
+#: the file a running process holds locked (:func:`locked`)
+LOCK = "run.lock"
 #: what start writes before state.json; a folder holding only these was cut short in start
 START_FILES = {"seeds.extxyz", "labelled.extxyz", "test.extxyz", "calibration.extxyz",
-               "settings.json", "guards.json", "log.jsonl"}
+               "settings.json", "guards.json", "log.jsonl", LOCK}
 NAMES = {"seeds": "seed structures", "test": "test set", "calibration": "calibration set"}
 
 
@@ -32,6 +37,47 @@ class Paths:
     def members(self, r: int) -> list[str]:
         return sorted(glob.glob(self.round(r, "train", "model_member*.npz")),
                       key=lambda p: int(p.rsplit("member", 1)[1][:-4]))
+
+
+class FolderInUse(RuntimeError):
+    """Another process is working in the run's folder."""
+
+
+@contextlib.contextmanager
+def locked(folder: str):
+    """Hold the run folder's lock while this process works in it; a second
+    process is refused by name. The lock is the operating system's
+    (``flock`` on ``run.lock``): it ends with the process, also one that was
+    killed, so no stale lock is left behind. A folder this call created is
+    removed again, and the lock file of a folder that holds no run yet,
+    if what runs inside fails."""
+    created = not os.path.isdir(folder)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, LOCK)
+    new_lock = not os.path.exists(path)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            raise FolderInUse(
+                f"{folder!r} is in use by another process ({holder}): two processes in one "
+                f"run's folder would overwrite each other's rounds. Wait for it to end (or stop "
+                f"it), then continue; the folder is freed when that process ends, also if it "
+                f"was killed.") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        try:
+            yield
+        except BaseException:
+            if new_lock and not os.path.exists(os.path.join(folder, "state.json")):
+                os.remove(path)   # a start refused or cut short: leave the folder as it was
+                if created and not os.listdir(folder):
+                    os.rmdir(folder)
+            raise
+    finally:
+        os.close(fd)
 
 
 def start(folder: str, seeds, labelled, settings: Settings, test=None, calibration=None):

@@ -24,7 +24,7 @@ from . import md as MD
 from . import pick as P
 from . import report as R
 from ..finetune.family import committee_of
-from .folder import Paths, start
+from .folder import Paths, locked, start
 from .settings import Settings
 
 PHASES = ("md", "pick", "label", "train", "assess")
@@ -46,12 +46,20 @@ def run(folder: str, oracle=None, seeds=None, labelled=None, settings: Settings 
         each round's committee, and the spread's scale (uncertainty.fit_scale).
       say: where progress lines go.
 
+    Raises:
+      chemtrain.active.folder.FolderInUse: another process is working in
+        ``folder`` (a RuntimeError).
+
     Returns:
       A dict: ``rounds``, each round's summary (``round_NNN/summary.json``);
       ``members``, the final committee's member files; ``labelled``, the
       path of all labels.
     """
-    paths = start(folder, seeds, labelled, settings, test, calibration)
+    with locked(folder):
+        return _run(start(folder, seeds, labelled, settings, test, calibration), oracle, say)
+
+
+def _run(paths: Paths, oracle, say) -> dict:
     s = Settings.from_json(F.read_json(paths.settings))
     while True:
         state = F.read_json(paths.state)
