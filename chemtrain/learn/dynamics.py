@@ -215,10 +215,12 @@ def make_value_and_grad(energy_fn_template: Callable, segment: Callable,
         a dict of its parts (e.g. :func:`squared_error`).
       vmap_batch: snapshots whose energies are evaluated at once.
       segment_batch: start states whose segments run at once (vmapped), in
-        both passes. 1 (the default) runs them one after another, which is
-        fastest on a CPU; on an accelerator a batch of tens fills the
-        device (memory grows with the batch: see ``benchmarks/dynamics.py``).
-        The gradient is the same up to rounding.
+        both passes; memory grows with the batch. 1 (the default) runs them
+        one after another. Measured (``benchmarks/argon_costs.py``, 864
+        atoms): vmapped segments on a neighbor list rebuild it at every
+        step and are slower (4x on a TPU, 3-4x on a CPU); without a list
+        (``make_segment(..., neighbors=False)``) a batch of 10 gains about
+        10 % on a TPU. The gradient is the same up to rounding.
 
     Returns:
       ``value_and_grad(params, chains, U_ref, targets, state_kwargs) ->

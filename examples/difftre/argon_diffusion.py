@@ -104,7 +104,8 @@ def main():
     p.add_argument("--check-segments", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--segment-batch", type=int, default=1,
-                   help="start states whose segments run at once (vmapped); tens on a TPU/GPU")
+                   help="start states whose segments run at once (vmapped): 10 with "
+                        "--all-pairs on a TPU; keep 1 with a neighbor list")
     p.add_argument("--all-pairs", action="store_true",
                    help="sum the potential over all pairs, without a neighbor list (faster on "
                         "a TPU: benchmarks/argon_costs.py)")
