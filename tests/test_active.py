@@ -28,19 +28,22 @@ def _killed_when(folder, ready, timeout=600.0):
     """Run (or continue) the test run in its own process and SIGKILL its
     process group once ``ready()``; the state it was killed in."""
     import mp
-    proc = subprocess.Popen([sys.executable, os.path.join(mp.HERE, "active_run.py"), folder],
-                            env=mp.env(devices=4), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    started = time.monotonic()
-    try:
-        while not ready():
-            assert proc.poll() is None, f"the run ended before the kill:\n{proc.stdout.read()}"
-            assert time.monotonic() - started < timeout, "the run never got there"
-            time.sleep(0.02)
-        os.killpg(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait()
-        proc.stdout.close()
+    log = folder + ".log"   # a file, not a pipe that a chatty process could fill
+    with open(log, "a") as out:
+        proc = subprocess.Popen([sys.executable, os.path.join(mp.HERE, "active_run.py"), folder],
+                                env=mp.env(devices=4), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        started = time.monotonic()
+        try:
+            while not ready():
+                assert proc.poll() is None, f"the run ended before the kill:\n{open(log).read()}"
+                assert time.monotonic() - started < timeout, "the run never got there"
+                time.sleep(0.02)
+            os.killpg(proc.pid, signal.SIGKILL)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)   # a failed assertion leaves no process
+            proc.wait()
     assert proc.returncode == -signal.SIGKILL
     return _state(folder)
 

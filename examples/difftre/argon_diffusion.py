@@ -24,7 +24,8 @@ a fresh NVT trajectory of the final parameters (another seed) gives
 check of D.
 
 Writes under ``--out``: ``results.json`` (D per update, parameters, times,
-the check) and ``diffusion.png``. The defaults are Han and Yu's numbers,
+the check; rewritten after every update, ``finished`` false until the
+check is done) and ``diffusion.png``. The defaults are Han and Yu's numbers,
 an accelerator's job: on one TPU v5e with ``--all-pairs --segment-batch
 10`` (the potential summed over all pairs, no neighbor list: 90 times
 cheaper there, ``benchmarks/argon_costs.py``) an update of 100 segments
@@ -132,6 +133,13 @@ def main():
                                       labels)
     records = []
 
+    def save(**more):   # after every update, so that a run cut short keeps its updates
+        path = os.path.join(args.out, "results.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump({"start": START, "D_target": D_TARGET, "updates": records,
+                       "settings": vars(args), **more}, f, indent=1)
+        os.replace(path + ".tmp", path)
+
     def on_update(record):
         r = record["statepoints"][0]
         records.append({"update": record["update"], "D": r["predictions"]["D"],
@@ -143,6 +151,7 @@ def main():
               f"({100 * (r['predictions']['D'] / D_TARGET - 1):+.1f} %), sigma "
               f"{records[-1]['sigma']:.5f}, epsilon {records[-1]['epsilon']:.5f}, N_eff "
               f"{r['n_eff']:.1f}{' (new trajectory)' if r['recomputed'] else ''}", flush=True)
+        save(finished=False)
 
     trainer = Reweighting(dynamics_objective(), args.seed,
                           {k: jnp.asarray(v) for k, v in START.items()}, optimizer,
@@ -174,12 +183,9 @@ def main():
     check.initialize_trajstates()
     check.train(1)
     D_check = check.history[-1]["statepoints"][0]["predictions"]["D"]
-    result = {"start": START, "final": final, "D_target": D_TARGET, "D_check": D_check,
-              "D_check_error": D_check / D_TARGET - 1, "updates": records,
-              "seconds_per_update": train_s / max(1, args.updates),
-              "settings": vars(args), "check_start_states": check_timings.n_snapshots}
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    save(finished=True, final=final, D_check=D_check, D_check_error=D_check / D_TARGET - 1,
+         seconds_per_update=train_s / max(1, args.updates),
+         check_start_states=check_timings.n_snapshots)
     print(f"final sigma {final['sigma']:.5f} nm, epsilon {final['epsilon']:.5f} kJ/mol; fresh "
           f"check D {D_check:.4e} nm^2/ps ({100 * (D_check / D_TARGET - 1):+.1f} % from the "
           f"target), {train_s / max(1, args.updates):.0f} s per update", flush=True)
