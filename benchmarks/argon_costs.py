@@ -91,7 +91,7 @@ def main():
         n_steps = dyn.check_steps(dt, args.segment_ps)
         segment = dyn.make_segment(template, shift, dt, n_steps, neighbors=mode != "all")
         for batch in [int(b) for b in args.batches.split(",")]:
-            starts = max(batch, 4) if batch == 1 else batch
+            starts = 4 if batch == 1 else batch   # sequential: 4 start states
             keys = jax.random.split(jax.random.PRNGKey(1), starts)
             P = jnp.stack([jax.random.normal(k, R.shape, jnp.float32) * np.sqrt(MASS * kT)
                            for k in keys])

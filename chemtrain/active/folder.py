@@ -71,7 +71,7 @@ def locked(folder: str):
         try:
             yield
         except BaseException:
-            if new_lock and not os.path.exists(os.path.join(folder, "state.json")):
+            if new_lock and not os.path.exists(Paths(folder).state):
                 os.remove(path)   # a start refused or cut short: leave the folder as it was
                 if created and not os.listdir(folder):
                     os.rmdir(folder)
