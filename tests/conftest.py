@@ -48,7 +48,8 @@ def pytest_configure(config):
 def pytest_runtest_protocol(item, nextitem):
     """Each test (set-up and tear-down included) holds a turn on the cores:
     shared, or exclusive when marked ``all_cores``."""
-    with cores.turn(exclusive=item.get_closest_marker("all_cores") is not None):
+    with cores.timeline(item.nodeid), \
+            cores.turn(exclusive=item.get_closest_marker("all_cores") is not None):
         yield
 
 

@@ -14,10 +14,13 @@ xdist (a plain ``pytest`` run) nothing is locked.
 """
 import contextlib
 import fcntl
+import json
 import os
+import time
 
 _fds = {}
 _held = None   # None, "shared" or "exclusive"
+_waited = 0.0  # seconds this worker spent waiting for turns in the current test
 
 
 def _active() -> bool:
@@ -33,13 +36,15 @@ def _fd(name):
 
 
 def _take(kind):
-    global _held
+    global _held, _waited
+    t = time.perf_counter()
     fcntl.flock(_fd("gate"), fcntl.LOCK_EX)
     try:
         fcntl.flock(_fd("main"), fcntl.LOCK_SH if kind == "shared" else fcntl.LOCK_EX)
     finally:
         fcntl.flock(_fd("gate"), fcntl.LOCK_UN)
     _held = kind
+    _waited += time.perf_counter() - t
 
 
 def _give():
@@ -78,3 +83,33 @@ def all_cores():
         _give()
         if before:
             _take(before)
+
+
+@contextlib.contextmanager
+def timeline(nodeid):
+    """With ``CHEMTRAIN_TEST_TIMELINE=FILE``, append one JSON line per test:
+    worker, start and end (wall clock), seconds spent waiting for turns, and
+    the CPU seconds of this worker and of the processes it waited for: the
+    record of where a suite's time goes (issue 51)."""
+    path = os.environ.get("CHEMTRAIN_TEST_TIMELINE")
+    if not path:
+        yield
+        return
+    global _waited
+    import resource
+    _waited = 0.0
+    cpu = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    start = time.time()
+    try:
+        yield
+    finally:
+        end = time.time()
+        used = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+        line = {"test": nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                "start": start, "end": end, "waited": round(_waited, 3),
+                "cpu": round(sum(u.ru_utime + u.ru_stime for u in used[:1])
+                             - sum(c.ru_utime + c.ru_stime for c in cpu[:1]), 3),
+                "cpu_children": round(used[1].ru_utime + used[1].ru_stime
+                                      - cpu[1].ru_utime - cpu[1].ru_stime, 3)}
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
