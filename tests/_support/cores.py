@@ -86,6 +86,29 @@ def all_cores():
 
 
 @contextlib.contextmanager
+def launch():
+    """Within a test: start several processes (mp.mpirun, mp.distributed).
+    One launch at a time in the whole session, beside the other worker's
+    test (the shared turn is kept). CHEMTRAIN_TEST_LAUNCH=exclusive runs
+    each launch alone instead (all_cores)."""
+    if os.environ.get("CHEMTRAIN_TEST_LAUNCH") == "exclusive":
+        with all_cores():
+            yield
+        return
+    if not _active() or _held == "exclusive":
+        yield
+        return
+    global _waited
+    t = time.perf_counter()
+    fcntl.flock(_fd("launch"), fcntl.LOCK_EX)
+    _waited += time.perf_counter() - t
+    try:
+        yield
+    finally:
+        fcntl.flock(_fd("launch"), fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
 def timeline(nodeid):
     """With ``CHEMTRAIN_TEST_TIMELINE=FILE``, append one JSON line per test:
     worker, start and end (wall clock), seconds spent waiting for turns, and

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from cores import all_cores
+from cores import launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
@@ -71,7 +71,7 @@ def mpirun(n, script_args, devices=1, timeout=300, **extra):
     if not os.path.exists(mpirun_bin):
         raise RuntimeError(f"{mpirun_bin} not found: run scripts/setup.sh (installs the mpich wheel).")
     cmd = [mpirun_bin, "-np", str(n), sys.executable, *script_args]
-    with all_cores() if n > 1 else contextlib.nullcontext():
+    with launch() if n > 1 else contextlib.nullcontext():
         t = time.perf_counter()
         out = subprocess.run(cmd, env=env(devices, **extra), capture_output=True, text=True,
                              timeout=timeout)
@@ -87,7 +87,7 @@ def free_port():
 def distributed(n, script_args, devices=1, timeout=300, script="mp_run.py"):
     """Run ``n`` jax.distributed processes of ``tests/<script>``; return
     (list of return codes, combined output)."""
-    with all_cores() if n > 1 else contextlib.nullcontext():
+    with launch() if n > 1 else contextlib.nullcontext():
         return _distributed(n, script_args, devices, timeout, script)
 
 
