@@ -1,16 +1,24 @@
 """The machine's cores shared by pytest-xdist workers.
 
-Each test holds a shared turn while it runs (conftest); work that starts
-several processes (MPI ranks, jax.distributed processes: :mod:`mp`), or a
-test marked ``all_cores``, takes an exclusive one, so that it never runs
-beside another worker's test. Timing-sensitive multi-process tests (exit
-watches, grace periods) thus see the cores they would see alone, and the
-other worker's tests wait.
+Each test holds a shared turn while it runs (conftest). A test marked
+``all_cores`` takes an exclusive one, so that it never runs beside another
+worker's test: timing-sensitive tests (kills, exit watches) see the cores
+they would see alone, and the other worker's tests wait.
 
-A readers-writer lock of two ``flock`` files in the session's folder: a
-turn is taken through a gate, so a waiting exclusive turn holds the gate
-and new shared turns queue behind it instead of starving it. Outside
-xdist (a plain ``pytest`` run) nothing is locked.
+Work that starts several processes (MPI ranks, jax.distributed processes:
+:mod:`mp`) keeps its shared turn and takes the session's launch lock: one
+launch at a time, beside the other worker's test. Measured on 2 cores
+(issue 51, the suite's timeline, ``CHEMTRAIN_TEST_TIMELINE``): two ranks
+keep about 0.9 of the 2 cores busy on average (start-up, compilation, one
+rank waiting on the other), so running each launch alone left a core idle;
+beside the other worker's test the suite took 28:09 instead of 31:24, with
+less CPU time in all (2935 s against 3016 s).
+``CHEMTRAIN_TEST_LAUNCH=exclusive`` runs every launch alone again.
+
+The turns are a readers-writer lock of two ``flock`` files in the session's
+folder: a turn is taken through a gate, so a waiting exclusive turn holds
+the gate and new shared turns queue behind it instead of starving it.
+Outside xdist (a plain ``pytest`` run) nothing is locked.
 """
 import contextlib
 import fcntl
