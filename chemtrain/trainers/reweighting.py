@@ -299,7 +299,7 @@ class Reweighting(HoldsState):
             trees, meta = self._capture(with_trajstates=False)
             self.store.fail(str(e), trees, dict(meta, failed_epoch=epoch),
                             name=f"{self.name}_error_state")
-        self.trajectories.put(new)
+        self.trajectories.put(new, report.pop("derived"))
         self.state, before = state, report.pop("params_before")
         self._stop("interrupted", self.update_count)
         self.predictions.update(predictions)

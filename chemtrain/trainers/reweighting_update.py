@@ -251,8 +251,9 @@ def loop_record(summed, j: int, sp, update: int) -> dict:
 def local_results(loop: Loop, state, local, params):
     """The objective's result for this process's state points ``local``,
     recomputing a trajectory where the reuse rule says so; returns
-    (results, inputs, new trajectories)."""
-    out, inputs, new = {}, {}, {}
+    (results, inputs, new trajectories, the objective's ``derive`` of the
+    pools those give)."""
+    out, inputs, new, derived_new = {}, {}, {}, {}
     objective, reuses = loop.objective, reuses_of(state, len(loop.statepoints))
     (ratio, rule), store = loop.reuse, loop.trajectories
     for i in local:
@@ -271,11 +272,11 @@ def local_results(loop: Loop, state, local, params):
             keys = [train_key(loop.key, i, state.update_count, c) for c in range(len(trajs))]
             trajs = new[i] = store.run(sp, params, trajs, keys)
             sample = store.sample(i, trajs)
-            result = objective.result(sp, params, sample, objective.derive(sp, params, sample),
-                                      inputs[i])
+            derived_new[i] = objective.derive(sp, params, sample)
+            result = objective.result(sp, params, sample, derived_new[i], inputs[i])
         out[i] = dict(result, n_eff_start=n_eff_start, pool_n_eff=best, recomputed=recompute,
                       n_independent=n_indep, reuse_se=distance)
-    return out, inputs, new
+    return out, inputs, new, derived_new
 
 
 def _refusal(loop: Loop, summed, batch, where, local, out, new, params) -> str | None:
@@ -298,7 +299,9 @@ def apply_update(loop: Loop, state, batch, epoch: int):
     Returns:
       ``(state, report, predictions, trajectories)``: the next state, the
       update's report (``loss``, ``step_size``, ``grad_norm``,
-      per-state-point ``statepoints`` records and ``params_before``), the
+      per-state-point ``statepoints`` records, ``params_before`` and
+      ``derived``: the objective's ``derive`` of the pools this process's
+      recomputed trajectories give, for the store with them), the
       objective's predictions of the batch's state points (state point ->
       predictions, where it has any) and the recomputed trajectories (state
       point -> one per chain, on every process), which the caller commits
@@ -313,8 +316,9 @@ def apply_update(loop: Loop, state, batch, epoch: int):
     params, local, comm = state.params, loop.local(batch), loop.comm
     where = f"update {state.update_count} (epoch {epoch}, state points {batch})"
     try:
-        out, inputs, new = comm.agree(lambda: local_results(loop, state, local, params),
-                                      f"computing update {state.update_count}")
+        out, inputs, new, derived = comm.agree(
+            lambda: local_results(loop, state, local, params),
+            f"computing update {state.update_count}")
     except (NeighborListOverflowError, SimulationError) as e:
         raise UpdateRefused(f"{type(e).__name__}: {e}") from e
     new = comm.timed(loop.trajectories.exchange, loop.statepoints, params, new)
@@ -373,4 +377,5 @@ def apply_update(loop: Loop, state, batch, epoch: int):
                           update_count=state.update_count + 1, objective_state=list(states),
                           update_losses=[*state.update_losses, loss])
     return state, {"loss": loss, "step_size": scale, "statepoints": records,
-                   "grad_norm": upd.global_norm(grads), "params_before": params}, predictions, new
+                   "grad_norm": upd.global_norm(grads), "params_before": params,
+                   "derived": derived}, predictions, new

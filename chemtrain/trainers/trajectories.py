@@ -36,9 +36,11 @@ class TrajectoryStore:
         self.derived: dict[int, object] = {}
         self._views: dict[int, list] = {}
 
-    def put(self, new: dict) -> None:
+    def put(self, new: dict, derived: dict | None = None) -> None:
         """Make ``new`` the newest trajectories of its state points; the ones
-        they replace join the state point's pool (the oldest leave it)."""
+        they replace join the state point's pool (the oldest leave it).
+        ``derived``: the objective's ``derive`` of the pools this gives, where
+        already computed (state point -> value), so it is not computed again."""
         for i, trajs in new.items():
             keep = self.pools.get(i, 1) - 1
             if keep > 0 and i in self.states:
@@ -46,6 +48,8 @@ class TrajectoryStore:
             self.states[i] = trajs
             self.derived.pop(i, None)
             self._views.pop(i, None)
+            if derived and i in derived:
+                self.derived[i] = derived[i]
 
     def replace(self, new: dict, older: dict | None = None) -> None:
         """Set the trajectories (and pools: ``older``, default empty) of the

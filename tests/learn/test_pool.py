@@ -149,3 +149,27 @@ def test_store_rotates_pools_and_resizes_them():
     assert [t[0].sim_state for t in store.older[0]] == [6]
     store.set_pools({0: 1})
     assert store.older[0] == [] and store.sample(0)[0].sim_state == 7
+
+
+def test_store_keeps_what_a_recompute_derived():
+    """A recompute's derive of its new pool is committed with it (issue 47:
+    it was computed again at the next update); anything else put is derived
+    once on demand, and a put without it drops the old value."""
+    from chemtrain.trainers.trajectories import TrajectoryStore
+    calls = []
+
+    class Objective:
+        @staticmethod
+        def derive(sp, params, trajs):
+            calls.append(trajs[0].sim_state)
+            return "derived from %s" % trajs[0].sim_state
+
+    sp = type("SP", (), {"index": 0})()
+    store = TrajectoryStore(strategy=None, restart=None)
+    store.replace({0: [_traj(1)]})
+    assert store.derived_of(Objective, sp, None) == "derived from 1" and calls == [1]
+    store.put({0: [_traj(2)]}, {0: "given with 2"})
+    assert store.derived_of(Objective, sp, None) == "given with 2" and calls == [1]
+    store.put({0: [_traj(3)]}, {1: "another state point's"})
+    assert store.derived_of(Objective, sp, None) == "derived from 3" and calls == [1, 3]
+    assert store.derived_of(Objective, sp, None) == "derived from 3" and calls == [1, 3]

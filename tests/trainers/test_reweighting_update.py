@@ -68,7 +68,7 @@ def test_apply_update_returns_the_next_state_and_changes_nothing(tmp_path):
         kept = {i: store.states[i] for i in range(2)}
         state1, report, predictions, new = apply_update(tr._loop(), state0, [0, 1], 0)
         assert tr.state is state0 and all(store.states[i] is kept[i] for i in range(2))
-        assert new == {} and predictions == {}
+        assert new == {} and predictions == {} and report["derived"] == {}
         means = [np.mean(bond_energies(i)) for i in range(2)]
         losses = [(m - t) ** 2 for m, t in zip(means, TARGETS)]
         grad = np.mean([2 * (m - t) for m, t in zip(means, TARGETS)])
@@ -86,6 +86,7 @@ def test_apply_update_returns_the_next_state_and_changes_nothing(tmp_path):
         # one reuse later every trajectory is recomputed: returned, not committed
         state2, report, _, new = apply_update(tr._loop(), state1, [0, 1], 0)
         assert sorted(new) == [0, 1] and all(store.states[i] is kept[i] for i in range(2))
+        assert sorted(report["derived"]) == [0, 1]     # for the store, with the new ones
         assert all(r["recomputed"] for r in report["statepoints"].values())
         assert state2.reuses == [0, 0] and state2.update_count == 2
         assert not np.allclose(bond_energies(0, new[0]), bond_energies(0))
