@@ -121,7 +121,8 @@ def timeline(nodeid):
     """With ``CHEMTRAIN_TEST_TIMELINE=FILE``, append one JSON line per test:
     worker, start and end (wall clock), seconds spent waiting for turns, and
     the CPU seconds of this worker and of the processes it waited for: the
-    record of where a suite's time goes (issue 51)."""
+    record of where a suite's time goes (issue 51), summarised by
+    tests/_support/timeline.py."""
     path = os.environ.get("CHEMTRAIN_TEST_TIMELINE")
     if not path:
         yield
@@ -129,18 +130,18 @@ def timeline(nodeid):
     global _waited
     import resource
     _waited = 0.0
-    cpu = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    start = time.time()
+
+    def cpu():
+        return [u.ru_utime + u.ru_stime for u in map(resource.getrusage, (
+            resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))]
+    before, start = cpu(), time.time()
     try:
         yield
     finally:
-        end = time.time()
-        used = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+        end, after = time.time(), cpu()
         line = {"test": nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
                 "start": start, "end": end, "waited": round(_waited, 3),
-                "cpu": round(sum(u.ru_utime + u.ru_stime for u in used[:1])
-                             - sum(c.ru_utime + c.ru_stime for c in cpu[:1]), 3),
-                "cpu_children": round(used[1].ru_utime + used[1].ru_stime
-                                      - cpu[1].ru_utime - cpu[1].ru_stime, 3)}
+                "cpu": round(after[0] - before[0], 3),
+                "cpu_children": round(after[1] - before[1], 3)}
         with open(path, "a") as f:
             f.write(json.dumps(line) + "\n")
