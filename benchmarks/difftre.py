@@ -16,7 +16,9 @@ System: the argon-like Lennard-Jones fluid of the tests (21 nm^-3, kT at
 2. One ``DifftreParallel`` state point learning sigma from an RDF: the wall
    time of updates that only reweight (reweight_ratio=0, no reuse bounds)
    and of updates that recompute the trajectory first (reweight_ratio=1),
-   compile excluded.
+   compile excluded. With ``--pool K`` the recompute updates reweight from a
+   pool of the last K trajectories (filled before timing), so each
+   recompute also prepares the pool's fixed quantities (the RDF).
 """
 import argparse
 import functools
@@ -100,7 +102,7 @@ def md_ratio(system, timings, repeats):
     return steps / ours, steps / plain_t
 
 
-def update_times(system, timings, updates):
+def update_times(system, timings, updates, pool=1):
     from chemtrain import quantity
     from chemtrain.learn import ReuseRule
     from chemtrain.trainers.difftre import DifftreParallel
@@ -119,13 +121,14 @@ def update_times(system, timings, updates):
             reference_states=np.asarray(system["R0"])[None], reweight_ratio=ratio,
             # reweight-only means no recompute at all: the reuse bounds of
             # issue 31 (max_reuse_se, max_reuses) would recompute here too
-            reuse=ReuseRule(pool=1, max_reuse_se=None, max_reuses=None),
+            reuse=ReuseRule(pool=pool if ratio else 1, max_reuse_se=None, max_reuses=None),
             checkpoint_path="/tmp/difftre_benchmark", options=RunOptions(progress=False))
         trainer.initialize_trajstates()
-        trainer.train(1)  # compile
+        first = pool + 1 if ratio else 1
+        trainer.train(first)  # compile (and fill the pool)
         trainer.train(updates)
-        times = [e["time_s"] for e in trainer.history[1:]]
-        kinds = {e["statepoints"][0]["recomputed"] for e in trainer.history[1:]}
+        times = [e["time_s"] for e in trainer.history[first:]]
+        kinds = {e["statepoints"][0]["recomputed"] for e in trainer.history[first:]}
         out[label] = (float(np.median(times)), kinds)
     return out
 
@@ -139,6 +142,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--updates", type=int, default=5)
     parser.add_argument("--x64", action="store_true")
+    parser.add_argument("--pool", type=int, default=1,
+                        help="trajectories the recompute updates reweight from")
+    parser.add_argument("--updates-only", action="store_true", help="skip the MD ratio")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.x64:
@@ -152,13 +158,15 @@ def main():
     print(f"{args.particles} LJ particles, {timings.n_equilibration_steps} + "
           f"{timings.n_production_steps} steps, {timings.n_snapshots} snapshots, "
           f"{'float64' if args.x64 else 'float32'}, {jax.devices()[0].platform}")
-    ours, plain = md_ratio(system, timings, args.repeats)
-    print(f"MD steps/s: chemtrain trajectory {ours:.0f}, plain jax-md scan {plain:.0f}, "
-          f"ratio {ours / plain:.3f} (target >= 0.95)")
-    times = update_times(system, timings, args.updates)
+    if not args.updates_only:
+        ours, plain = md_ratio(system, timings, args.repeats)
+        print(f"MD steps/s: chemtrain trajectory {ours:.0f}, plain jax-md scan {plain:.0f}, "
+              f"ratio {ours / plain:.3f} (target >= 0.95)")
+    times = update_times(system, timings, args.updates, args.pool)
     (t_re, k_re), (t_rc, k_rc) = times["reweight-only"], times["recompute"]
     print(f"update time (median of {args.updates}): reweight-only {t_re:.3f} s "
-          f"(recomputed: {sorted(k_re)}), recompute {t_rc:.3f} s (recomputed: {sorted(k_rc)}), "
+          f"(recomputed: {sorted(k_re)}), recompute with a pool of {args.pool} {t_rc:.3f} s "
+          f"(recomputed: {sorted(k_rc)}), "
           f"ratio {t_rc / t_re:.1f}")
 
 

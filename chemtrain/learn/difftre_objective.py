@@ -17,6 +17,7 @@ import os
 from typing import Callable, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ..models.template import check_reach
@@ -113,6 +114,20 @@ def fixed_quantities(sp, params, trajs):
     ignore the potential, evaluated on ``trajs``, and how often their
     neighbor lists overflowed. Valid until the trajectories change."""
     return sp.functions.fixed_values(params, chains_of(trajs), sp.state_kwargs)
+
+
+def pooled_fixed_quantities(sp, parts, size):
+    """:func:`fixed_quantities` of a pool of ``size`` slots from those of
+    its trajectories (``parts``, oldest first), laid out as
+    :func:`chemtrain.learn.pool.pooled_chain` lays out the snapshots: per
+    chain, the empty slots (the newest's again) then each slot in order."""
+    slots = [parts[-1]] * (size - len(parts)) + list(parts)
+    chains = sp.reference.shape[0]
+
+    def join(*values):
+        per_chain = [v.reshape(chains, -1, *v.shape[1:]) for v in values]
+        return jnp.concatenate(per_chain, axis=1).reshape(-1, *values[0].shape[1:])
+    return jax.tree.map(join, *[p[0] for p in slots]), sum(p[1] for p in slots)
 
 
 def loss_and_grad(sp, params, trajs, fixed=None):
@@ -213,6 +228,7 @@ def difftre_objective() -> Objective:
     :func:`difftre_functions`."""
     return Objective("DiffTRe", _result, target_records, prepare=_prepare,
                      contributions=target_contributions, derive=fixed_quantities,
+                     derive_pool=pooled_fixed_quantities,
                      check=lambda sp, params, trajs: check_first_configuration(
                          sp, params, trajs, sp.functions.quantities),
                      plot=plot_predictions, pools=True)

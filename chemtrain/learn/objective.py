@@ -97,6 +97,11 @@ class Objective:
       contributions: this process's share of the objective's own numbers,
         a dict that a sum over processes reduces (default: none).
       derive: what is computed once per trajectory (default: nothing).
+      derive_pool: ``(sp, parts, size) -> derived``: the ``derive`` of a
+        pool of ``size`` slots from each of its trajectories' own
+        (``parts``, oldest first; :mod:`chemtrain.learn.pool`), so a
+        trajectory is derived once, not again each time the pool changes.
+        None: ``derive`` runs on the whole pool.
       inputs: what is drawn once per update and state point (default:
         nothing).
       after: a number per state point after the step (default: none).
@@ -115,6 +120,7 @@ class Objective:
     init: Callable = _no_state
     contributions: Callable = _no_contributions
     derive: Callable = _none
+    derive_pool: Callable | None = None
     inputs: Callable = _none
     after: Callable | None = None
     check: Callable = _no_check

@@ -271,9 +271,9 @@ def local_results(loop: Loop, state, local, params):
         if recompute:
             keys = [train_key(loop.key, i, state.update_count, c) for c in range(len(trajs))]
             trajs = new[i] = store.run(sp, params, trajs, keys)
-            sample = store.sample(i, trajs)
-            derived_new[i] = objective.derive(sp, params, sample)
-            result = objective.result(sp, params, sample, derived_new[i], inputs[i])
+            derived_new[i] = store.derived_of(objective, sp, params, trajs)
+            result = objective.result(sp, params, store.sample(i, trajs), derived_new[i],
+                                      inputs[i])
         out[i] = dict(result, n_eff_start=n_eff_start, pool_n_eff=best, recomputed=recompute,
                       n_independent=n_indep, reuse_se=distance)
     return out, inputs, new, derived_new

@@ -35,6 +35,7 @@ class TrajectoryStore:
         self.pools: dict[int, int] = {}
         self.derived: dict[int, object] = {}
         self._views: dict[int, list] = {}
+        self._parts: dict[int, tuple] = {}   # id(trajectory) -> (it, its derive)
 
     def put(self, new: dict, derived: dict | None = None) -> None:
         """Make ``new`` the newest trajectories of its state points; the ones
@@ -50,6 +51,7 @@ class TrajectoryStore:
             self._views.pop(i, None)
             if derived and i in derived:
                 self.derived[i] = derived[i]
+        self._forget_parts()
 
     def replace(self, new: dict, older: dict | None = None) -> None:
         """Set the trajectories (and pools: ``older``, default empty) of the
@@ -60,6 +62,7 @@ class TrajectoryStore:
             self.states[i] = new[i]
             self.derived.pop(i, None)
             self._views.pop(i, None)
+        self._forget_parts()
 
     def set_pools(self, sizes: dict) -> None:
         """Set state points' pool sizes (e.g. those a restored run was
@@ -70,6 +73,7 @@ class TrajectoryStore:
                 self.older[i] = self.older[i][-(size - 1):] if size > 1 else []
             self.derived.pop(i, None)
             self._views.pop(i, None)
+        self._forget_parts()
 
     def sample(self, i: int, newest=None) -> list:
         """What state point ``i`` reweights from: its pool of trajectories
@@ -83,12 +87,35 @@ class TrajectoryStore:
             self._views[i] = pooled(self.older.get(i, []), self.states[i], size)
         return self._views[i]
 
-    def derived_of(self, objective, sp, params):
-        """``objective.derive`` of what state point ``sp`` reweights from,
-        computed once per trajectory."""
-        if sp.index not in self.derived:
-            self.derived[sp.index] = objective.derive(sp, params, self.sample(sp.index))
-        return self.derived[sp.index]
+    def derived_of(self, objective, sp, params, newest=None):
+        """``objective.derive`` of what state point ``sp`` reweights from
+        (with ``newest``: of the pool that adding it would give), computed
+        once per trajectory: from each trajectory's own where the objective
+        combines them (``derive_pool``), else on the whole pool."""
+        i = sp.index
+        if newest is None and i in self.derived:
+            return self.derived[i]
+        size = self.pools.get(i, 1)
+        if size == 1 or objective.derive_pool is None:
+            derived = objective.derive(sp, params, self.sample(i, newest))
+        else:
+            kept = [*self.older.get(i, []), self.states[i]] if newest is not None \
+                else self.older.get(i, [])
+            slots = [*kept[-(size - 1):], self.states[i] if newest is None else newest]
+            derived = objective.derive_pool(sp, [self._part(objective, sp, params, t)
+                                                 for t in slots], size)
+        if newest is None:
+            self.derived[i] = derived
+        return derived
+
+    def _part(self, objective, sp, params, trajs):
+        if id(trajs) not in self._parts:
+            self._parts[id(trajs)] = trajs, objective.derive(sp, params, trajs)
+        return self._parts[id(trajs)][1]
+
+    def _forget_parts(self):
+        live = {id(t) for i in self.states for t in [*self.older.get(i, []), self.states[i]]}
+        self._parts = {k: v for k, v in self._parts.items() if k in live}
 
     def run(self, sp, params, trajs, keys) -> list:
         """One trajectory per chain from the ends of ``trajs``."""

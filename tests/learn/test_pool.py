@@ -173,3 +173,34 @@ def test_store_keeps_what_a_recompute_derived():
     store.put({0: [_traj(3)]}, {1: "another state point's"})
     assert store.derived_of(Objective, sp, None) == "derived from 3" and calls == [1, 3]
     assert store.derived_of(Objective, sp, None) == "derived from 3" and calls == [1, 3]
+
+
+def test_each_trajectory_of_a_pool_is_derived_once():
+    """With an objective that joins its trajectories' own derives
+    (derive_pool, DiffTRe's fixed quantities), a pool that rotates derives
+    only its new trajectory; the joined value lists the slots oldest first,
+    the empty ones repeating the newest (the pool's layout)."""
+    from chemtrain.learn.objective import Objective
+    from chemtrain.trainers.trajectories import TrajectoryStore
+    calls = []
+
+    def derive(sp, params, trajs):
+        calls.append(trajs[0].sim_state)
+        return trajs[0].sim_state
+
+    objective = Objective("test", result=None, derive=derive,
+                          derive_pool=lambda sp, parts, size: [parts[-1]] * (size - len(parts))
+                          + list(parts))
+    sp = type("SP", (), {"index": 0})()
+    store = TrajectoryStore(strategy=None, restart=None)
+    store.pools[0] = 3
+    store.replace({0: [_traj(1)]})
+    assert store.derived_of(objective, sp, None) == [1, 1, 1] and calls == [1]
+    new = [_traj(2)]
+    assert store.derived_of(objective, sp, None, new) == [2, 1, 2] and calls == [1, 2]
+    store.put({0: new})
+    assert store.derived_of(objective, sp, None) == [2, 1, 2] and calls == [1, 2]
+    for tag in (3, 4):
+        store.put({0: [_traj(tag)]})
+    assert store.derived_of(objective, sp, None) == [2, 3, 4] and calls == [1, 2, 3, 4]
+    assert sorted(t[0][0].sim_state for t in store._parts.values()) == [2, 3, 4]  # 1 left

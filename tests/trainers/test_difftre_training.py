@@ -277,6 +277,7 @@ def test_resume_continues_exactly(tmp_path):
     b.load_trajstates(str(tmp_path / "traj.npz"))
     # the pools came back with their earlier trajectories
     assert [len(b.trajectories.older[i]) for i in range(3)] == [1, 1, 1]
+    _pool_derived_as_on_the_whole_pool(b)       # 2 of 3 slots filled
     b.train(2)
     assert a.epoch == b.epoch == 4 and a.update_count == b.update_count == 12
     for k in a.params:
@@ -299,6 +300,25 @@ def test_resume_continues_exactly(tmp_path):
     c.restore(str(tmp_path / "a" / "epoch_00002.npz"))
     c.train(2)
     assert all(np.array_equal(np.asarray(a.params[k]), np.asarray(c.params[k])) for k in a.params)
+    assert [len(a.trajectories.older[i]) for i in range(3)] == [2, 2, 2]
+    _pool_derived_as_on_the_whole_pool(a)       # a full pool
+
+
+def _pool_derived_as_on_the_whole_pool(trainer):
+    """The pool's fixed quantities joined from each trajectory's own (issue
+    47: a trajectory is derived once) equal those computed on the whole
+    pool at once, the layout of chemtrain.learn.pool."""
+    from chemtrain.learn.difftre_objective import fixed_quantities
+    loop = trainer._loop()
+    for sp in loop.statepoints:
+        trainer.trajectories.derived.pop(sp.index, None)
+        joined = trainer.trajectories.derived_of(loop.objective, sp, trainer.params)
+        whole = fixed_quantities(sp, trainer.params, trainer.trajectories.sample(sp.index))
+        assert list(joined[0]) == list(whole[0]) == ["rdf"]
+        rows = 3 * sp.n_snapshots     # 3 slots of every chain's snapshots
+        assert joined[0]["rdf"].shape == whole[0]["rdf"].shape == (rows, joined[0]["rdf"].shape[1])
+        np.testing.assert_allclose(joined[0]["rdf"], whole[0]["rdf"], rtol=1e-12, atol=0)
+        assert int(joined[1]) == int(whole[1])
 
 
 def test_non_finite_loss_writes_error_state(tmp_path):
