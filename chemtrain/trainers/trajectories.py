@@ -79,13 +79,22 @@ class TrajectoryStore:
         """What state point ``i`` reweights from: its pool of trajectories
         (:func:`chemtrain.learn.pool.pooled`), or its newest alone with a
         pool of 1; with ``newest``, the pool that adding it would give."""
-        size = self.pools.get(i, 1)
         if newest is not None:
-            older = [*self.older.get(i, []), self.states[i]] if size > 1 else []
-            return pooled(older, newest, size)
+            *older, newest = self._slots(i, newest)
+            return pooled(older, newest, self.pools.get(i, 1))
         if i not in self._views:
-            self._views[i] = pooled(self.older.get(i, []), self.states[i], size)
+            *older, newest = self._slots(i)
+            self._views[i] = pooled(older, newest, self.pools.get(i, 1))
         return self._views[i]
+
+    def _slots(self, i: int, newest=None) -> list:
+        """The trajectories of state point ``i``'s pool, oldest first (with
+        ``newest``: of the pool that adding it would give)."""
+        size = self.pools.get(i, 1)
+        older = self.older.get(i, []) if newest is None else [*self.older.get(i, []),
+                                                               self.states[i]]
+        return [*(older[-(size - 1):] if size > 1 else []),
+                self.states[i] if newest is None else newest]
 
     def derived_of(self, objective, sp, params, newest=None):
         """``objective.derive`` of what state point ``sp`` reweights from
@@ -99,11 +108,8 @@ class TrajectoryStore:
         if size == 1 or objective.derive_pool is None:
             derived = objective.derive(sp, params, self.sample(i, newest))
         else:
-            kept = [*self.older.get(i, []), self.states[i]] if newest is not None \
-                else self.older.get(i, [])
-            slots = [*kept[-(size - 1):], self.states[i] if newest is None else newest]
             derived = objective.derive_pool(sp, [self._part(objective, sp, params, t)
-                                                 for t in slots], size)
+                                                 for t in self._slots(i, newest)], size)
         if newest is None:
             self.derived[i] = derived
         return derived
