@@ -165,6 +165,37 @@ def test_a_restart_with_other_settings_is_refused(runs):
         assert json.load(f) == {"round": 2, "phase": "label"}
 
 
+def test_a_run_ends_after_rounds_without_uncertain_frames(runs):
+    """A committee sure of every frame its MD visits ends the run after
+    stop_when_quiet (2) quiet rounds instead of running all of them; no
+    oracle is asked. A finished run given more rounds continues, and stops
+    again. (The test's committee is not that good: round 1's next threshold
+    is raised to 1e9 eV/A, and the guard's shortest distance lowered to
+    0.5 A, below which its MD at 900 K would otherwise go.)"""
+    from chemtrain import active
+    quiet = runs["root"] / "quiet"
+    shutil.copytree(runs["root"] / "ref", quiet)
+    for name, key, value in (("round_001/summary.json", "next_threshold", 1e9),
+                             ("guards.json", "min_distance", 0.5)):
+        rec = json.loads((quiet / name).read_text())
+        (quiet / name).write_text(json.dumps({**rec, key: value}))
+    said = []
+    out = active.run(str(quiet), settings=settings(rounds=5), say=said.append)
+    assert [r["round"] for r in out["rounds"]] == [0, 1, 2, 3]
+    assert out["stopped"].startswith("2 rounds in a row without an uncertain frame"), said
+    for k in (2, 3):
+        md = json.loads((quiet / f"round_{k:03d}" / "md.json").read_text())
+        assert all(r["uncertain"] == [] and r["end"] for r in md)
+        assert not (quiet / f"round_{k:03d}" / "labels").exists()
+    log = [json.loads(line) for line in (quiet / "log.jsonl").read_text().splitlines()]
+    assert [e["round"] for e in log if e["event"] == "stop"] == [3]
+    again = active.run(str(quiet), settings=settings(rounds=5), say=lambda line: None)
+    assert [r["round"] for r in again["rounds"]] == [0, 1, 2, 3]   # nothing left to do
+    more = active.run(str(quiet), settings=settings(rounds=6), say=lambda line: None)
+    assert [r["round"] for r in more["rounds"]] == [0, 1, 2, 3, 4]
+    assert more["stopped"].startswith("3 rounds in a row")
+
+
 def test_a_folder_in_use_is_refused_and_freed_when_its_process_ends(runs, tmp_path):
     """Another process holding the run's lock is named in the refusal; once
     it is killed the folder is free again. A refused start leaves neither
@@ -294,6 +325,7 @@ def test_absurd_labels_are_refused():
     (dict(selection="best"), "selection must be one of"),
     (dict(temperatures_K=()), "temperatures_K must be positive"),
     (dict(finetune_args=("--seed", "3")), "must not contain --seed"),
+    (dict(stop_when_quiet=0), "stop_when_quiet must be None or an integer >= 1"),
 ])
 def test_settings_refuse_bad_values(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -38,6 +38,10 @@ def oracle_of(spec: str):
     return value
 
 
+def _count_or_none(text: str):
+    return None if int(text) == 0 else int(text)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="chemtrain-active", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -53,6 +57,11 @@ def parser() -> argparse.ArgumentParser:
         if f.name in ("finetune_args", "temperatures_K", "selection", "threshold_mode"):
             continue
         kind = float if isinstance(getattr(d, f.name), float) or f.name == "min_distance" else int
+        if f.name == "stop_when_quiet":
+            p.add_argument("--stop_when_quiet", type=_count_or_none, default=d.stop_when_quiet,
+                           help="end after this many rounds without an uncertain frame; "
+                                "0: run all rounds")
+            continue
         p.add_argument(f"--{f.name}", type=kind, default=getattr(d, f.name))
     p.add_argument("--temperatures_K", type=float, nargs="+", default=list(d.temperatures_K))
     p.add_argument("--selection", choices=SELECTIONS, default=d.selection)
@@ -89,7 +98,8 @@ def main(argv=None) -> int:
         p.exit(2, f"chemtrain-active: error: {e}\n")
     last = out["rounds"][-1] if out["rounds"] else {}
     print(f"Done: {len(out['rounds'])} rounds, {last.get('labels')} labels in "
-          f"{out['labelled']}; committee {out['members'][0]} ...")
+          f"{out['labelled']}; committee {out['members'][0]} ..."
+          + (f" (stopped early: {out['stopped']})" if out.get("stopped") else ""))
     return 0
 
 

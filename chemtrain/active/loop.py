@@ -64,7 +64,7 @@ def _run(paths: Paths, oracle, say) -> dict:
     while True:
         state = F.read_json(paths.state)
         r, phase = state["round"], state["phase"]
-        if phase == "done" and r < s.rounds:   # a finished run given more rounds
+        if phase == "done" and s.rounds > state.get("rounds", r):   # given more rounds
             F.write_json(paths.state, {"round": r + 1, "phase": "md"})
             continue
         if phase == "done":
@@ -75,7 +75,7 @@ def _run(paths: Paths, oracle, say) -> dict:
     summaries = [F.read_json(paths.round(k, "summary.json"))
                  for k in range(s.rounds + 1) if os.path.exists(paths.round(k, "summary.json"))]
     return {"rounds": summaries, "members": paths.members(last_trained(paths, s.rounds)),
-            "labelled": paths.labelled}
+            "labelled": paths.labelled, "stopped": F.read_json(paths.state).get("stopped")}
 
 
 def last_trained(paths: Paths, r: int) -> int:
@@ -84,8 +84,31 @@ def last_trained(paths: Paths, r: int) -> int:
     return r
 
 
-def _next_round(r: int, s: Settings) -> dict:
-    return {"round": r + 1, "phase": "md"} if r < s.rounds else {"round": r, "phase": "done"}
+def quiet_rounds(paths: Paths, r: int) -> int:
+    """Rounds in a row, up to ``r``, whose MD runs found no uncertain frame
+    and did not explode."""
+    n = 0
+    for k in range(r, 0, -1):
+        records = F.read_json(paths.round(k, "md.json"))
+        if records is None or any(rec["uncertain"] or rec["sane"] for rec in records):
+            break
+        n += 1
+    return n
+
+
+def _next_round(paths: Paths, r: int, s: Settings, say) -> dict:
+    """The state after round ``r``: the next round's MD, or done after the
+    last round or after ``Settings.stop_when_quiet`` quiet rounds."""
+    if r >= s.rounds:
+        return {"round": r, "phase": "done", "rounds": s.rounds}
+    quiet = quiet_rounds(paths, r)
+    if s.stop_when_quiet is not None and s.selection != "random" and quiet >= s.stop_when_quiet:
+        why = (f"{quiet} rounds in a row without an uncertain frame (stop_when_quiet="
+               f"{s.stop_when_quiet})")
+        F.append_log(paths.folder, {"event": "stop", "round": r, "why": why})
+        say(f"  stopping: {why}")
+        return {"round": r, "phase": "done", "rounds": s.rounds, "stopped": why}
+    return {"round": r + 1, "phase": "md"}
 
 
 def phase_md(paths: Paths, s: Settings, r: int, oracle, say) -> dict:
@@ -160,7 +183,7 @@ def phase_pick(paths: Paths, s: Settings, r: int, oracle, say) -> dict:
     say(f"  picked {len(picked)} frames ({uncertain} uncertain)")
     if not picked:
         _summary(paths, r, prev=F.read_json(paths.round(r - 1, "summary.json")), new=0)
-        return _next_round(r, s)
+        return _next_round(paths, r, s, say)
     return {"round": r, "phase": "label"}
 
 
@@ -244,7 +267,7 @@ def _merge_labels(paths, s, r, picked, say) -> dict:
                                 "refused": refused})
     if not new:
         _summary(paths, r, prev=F.read_json(paths.round(r - 1, "summary.json")), new=0)
-        return _next_round(r, s)
+        return _next_round(paths, r, s, say)
     F.write_frames(paths.labelled, known + [a for _, a in new])
     say(f"  {len(new)} new labels ({len(known) + len(new)} in all)")
     return {"round": r, "phase": "train"}
@@ -307,7 +330,7 @@ def phase_assess(paths: Paths, s: Settings, r: int, oracle, say) -> dict:
                                 "test_force_rmse": R.test_rmse(trained)})
     say(f"  {len(known)} labels; next threshold {threshold:.4g} eV/Å"
         + (f"; test force RMSE {R.test_rmse(trained):.4g} eV/Å" if R.test_rmse(trained) else ""))
-    return _next_round(r, s)
+    return _next_round(paths, r, s, say)
 
 
 def _new_count(paths, r, total) -> int:

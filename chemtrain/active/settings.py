@@ -42,6 +42,11 @@ class Settings:
         scores; ``'random'``, frames drawn at random from all recorded
         frames of the round's runs, uncertain or not (the baseline that
         active learning is measured against).
+      stop_when_quiet: the run ends early once this many rounds in a row
+        found no uncertain frame (and no explosion) in any MD run: the
+        committee is sure wherever its MD goes, at these temperatures and
+        this threshold. None: run all ``rounds``. Not with ``'random'``
+        selection, which labels frames whether uncertain or not.
       seed: every random choice (MD velocities and noise, training order)
         follows from it and the round.
     """
@@ -63,6 +68,7 @@ class Settings:
     min_distance: float | None = None
     keep_sane: int = 3
     selection: str = "diverse"
+    stop_when_quiet: int | None = 2
     seed: int = 0
 
     def __post_init__(self):
@@ -74,10 +80,12 @@ class Settings:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"Settings.{name} must be an integer >= {least}, got {value!r}.")
-        if self.stop_after is not None and (not isinstance(self.stop_after, int)
-                                            or self.stop_after < 1):
-            raise ValueError(f"Settings.stop_after must be None or an integer >= 1, got "
-                             f"{self.stop_after!r}.")
+        for name in ("stop_after", "stop_when_quiet"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 1):
+                raise ValueError(f"Settings.{name} must be None or an integer >= 1, got "
+                                 f"{value!r}.")
         for name in ("timestep_fs", "friction_per_fs", "threshold", "max_force", "min_distance"):
             value = getattr(self, name)
             if name == "min_distance" and value is None:
