@@ -275,9 +275,13 @@ def resumable(args):
     """The records and the last checkpoint of the run in ``--out``, after
     checking that it was started with the same settings."""
     path = os.path.join(args.out, "results.json")
-    if not (os.path.exists(path) and checkpoints(args)):
-        raise SystemExit(f"--resume: {args.out} holds no run to continue (results.json and "
-                         f"checkpoints/epoch_*.npz); start one without --resume.")
+    if not os.path.exists(path):
+        raise SystemExit(f"--resume: {args.out} holds no run to continue (no results.json); "
+                         f"start one without --resume.")
+    if not checkpoints(args):
+        raise SystemExit(f"--resume: the run in {args.out} stopped before its first checkpoint "
+                         f"(checkpoints/epoch_*.npz): nothing to continue; remove the folder and "
+                         f"start again.")
     with open(path) as f:
         earlier = json.load(f)
     mine = {k: v for k, v in vars(args).items() if k not in ("resume", "out", "plot_from")}
