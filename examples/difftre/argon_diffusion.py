@@ -208,8 +208,7 @@ def main():
               f"{records[-1]['sigma']:.5f}, epsilon {records[-1]['epsilon']:.5f}, N_eff "
               f"{r['n_eff']:.1f}{' (new trajectory)' if r['recomputed'] else ''}", flush=True)
         save(finished=False)
-        for old in checkpoints(args)[:-1]:   # the last one is all a resume needs
-            os.remove(old)
+        keep_last_checkpoint(args)
 
     trainer = Reweighting(dynamics_objective(), args.seed,
                           {k: jnp.asarray(v) for k, v in START.items()}, optimizer,
@@ -232,8 +231,7 @@ def main():
     started = time.perf_counter()
     trainer.train(args.updates - trainer.epoch, checkpoint_freq=1)
     train_s = before + time.perf_counter() - started
-    for old in checkpoints(args)[:-1]:
-        os.remove(old)
+    keep_last_checkpoint(args)
 
     final = {k: float(v) for k, v in trainer.params.items()}
     save(finished=False, final=final, seconds_per_update=train_s / max(1, args.updates))
@@ -261,6 +259,12 @@ def main():
 
 def checkpoints(args) -> list:
     return sorted(glob.glob(os.path.join(args.out, "checkpoints", "epoch_*.npz")))
+
+
+def keep_last_checkpoint(args) -> None:
+    """Remove all checkpoints but the newest: it is all a resume needs."""
+    for old in checkpoints(args)[:-1]:
+        os.remove(old)
 
 
 def fresh_folder(args):

@@ -133,7 +133,7 @@ def test_rdf_and_diffusion_recover_sigma_and_epsilon(tmp_path):
     first = trainer.history[0]["statepoints"][0]["predictions"]
     assert abs(first["D"] / D_target - 1) > 0.1, (first["D"], D_target)   # starts far off
     sigma, epsilon = float(trainer.params["sigma"]), float(trainer.params["epsilon"])
-    print(f"D target {D_target:.4e} nm^2/ps, first prediction {first['D']:.4e}; "
-          f"sigma {100 * (sigma / SIGMA - 1):+.2f} %, epsilon {100 * (epsilon / EPSILON - 1):+.2f} %")
+    print(f"D target {D_target:.4e} nm^2/ps, first prediction {first['D']:.4e}; sigma "
+          f"{100 * (sigma / SIGMA - 1):+.2f} %, epsilon {100 * (epsilon / EPSILON - 1):+.2f} %")
     assert abs(sigma / SIGMA - 1) < 0.01, sigma
     assert abs(epsilon / EPSILON - 1) < 0.03, epsilon
