@@ -1,5 +1,6 @@
-"""NequIP's message tensor product: our batched einsum against
-cuequivariance-jax's channel-wise tensor product, the library MACE uses.
+"""NequIP's message tensor product: ours (planes of one component, fused
+elementwise by XLA) against cuequivariance-jax's channel-wise tensor
+product, the library MACE uses.
 
     .venv/bin/python benchmarks/nequip_tensor_products.py [--repeats 5] [--layers 1 2]
         [--method naive]
@@ -9,21 +10,24 @@ structures of ``benchmarks/nequip_vs_sevenn.py`` (the 64-atom Si cell: 1792
 edges; the 370-atom nanotube: 14844 edges), the same operation two ways,
 float32, on random inputs of the same shapes:
 
-- ``einsum``: :func:`chemtrain.models.nequip.model.messages`, what the model
-  runs: the senders' features (mul, 2l+1) per edge, one batched product per
-  input l against its paths' filters (spherical harmonics times
-  Clebsch-Gordan), times the radial weights, summed onto the receivers;
+- ``ours``: :func:`chemtrain.models.nequip.model.messages`, what the model
+  runs: the senders' features gathered as one (E, mul) plane per
+  component, each path's output plane a sum of them times the edge's
+  filters (spherical harmonics times Clebsch-Gordan) and the path's radial
+  weights, summed onto the receivers;
 - ``cuex``: ``cuequivariance.descriptors.channelwise_tensor_product`` of the
   same irreps (SO(3): SevenNet-0's features carry no parity) with the same
   paths and weights per edge, run by ``cuex.segmented_polynomial`` with the
-  receivers as output indices (the way ``models/mace`` runs its
-  convolution), with ``--method`` (default: MACE's, plain JAX ``'naive'``
-  on a CPU, the CUDA kernel ``'uniform_1d'`` on a GPU where
-  cuequivariance-ops-jax is installed).
+  senders as input and the receivers as output indices (the way
+  ``models/mace`` runs its convolution), with ``--method`` (default:
+  MACE's, plain JAX ``'naive'`` on a CPU, the CUDA kernel ``'uniform_1d'``
+  on a GPU where cuequivariance-ops-jax is installed).
 
-It times the forward pass and the forward plus the vector-Jacobian product
-with respect to features and weights (what training and forces need),
-compiled, the median of ``--repeats``, and prints one line per case and a
+Both start from the atoms' features and the radial MLP's last hidden layer
+(its last weight is applied inside: per path in ours, once in theirs). It
+times the forward pass and the forward plus the vector-Jacobian product
+with respect to the features and the hidden layer (what training and
+forces need), compiled, the median of ``--repeats``, and prints one line per case and a
 JSON summary. The outputs are not compared (the two normalise and order
 paths differently); the descriptor's path and weight counts are checked
 against the model's.
@@ -83,22 +87,24 @@ def main():
         n_weights = sum(x_ls[l1] for l1, _, _ in paths)
         assert poly.inputs[0].size == n_weights, (poly.inputs[0].size, n_weights)
         for name, (n, E) in CASES.items():
+            senders = jnp.asarray(rng.integers(0, n, E))
             receivers = jnp.asarray(rng.integers(0, n, E))
-            sent = {l: jnp.asarray(rng.normal(size=(E, m, 2 * l + 1)), jnp.float32)
-                    for l, m in x_ls.items()}
+            h = {l: jnp.asarray(rng.normal(size=(n, m, 2 * l + 1)), jnp.float32)
+                 for l, m in x_ls.items()}
             sh = {l: jnp.asarray(rng.normal(size=(E, 2 * l + 1)), jnp.float32)
                   for l in range(cfg.filter_lmax + 1)}
-            w = jnp.asarray(rng.normal(size=(E, n_weights)), jnp.float32)
-            x_flat = jnp.asarray(rng.normal(size=(E, poly.inputs[1].size)), jnp.float32)
+            hidden = jnp.asarray(rng.normal(size=(E, 64)), jnp.float32)
+            last = jnp.asarray(rng.normal(size=(64, n_weights)) / 8, jnp.float32)
+            x_flat = jnp.asarray(rng.normal(size=(n, poly.inputs[1].size)), jnp.float32)
             sh_flat = jnp.asarray(rng.normal(size=(E, poly.inputs[2].size)), jnp.float32)
             out = jax.ShapeDtypeStruct((n, poly.outputs[0].size), jnp.float32)
 
-            def ours(sent, w):
-                return messages(cfg, t, sent, sh, w, receivers, n)
+            def ours(h, hidden):
+                return messages(cfg, t, h, senders, sh, (hidden, last), receivers, n)
 
-            def theirs(x, w):
-                [m] = cuex.segmented_polynomial(poly, [w, x, sh_flat], [out],
-                                                indices=[None, None, None, receivers],
+            def theirs(x, hidden):
+                [m] = cuex.segmented_polynomial(poly, [hidden @ last, x, sh_flat], [out],
+                                                indices=[None, senders, None, receivers],
                                                 method=method)
                 return m
 
@@ -112,14 +118,14 @@ def main():
 
             row = {"layer": t, "structure": name, "atoms": n, "edges": E,
                    "paths": len(paths), "weights_per_edge": n_weights}
-            row["einsum_forward_ms"] = 1e3 * timed(jax.jit(ours), (sent, w), args.repeats)
-            row["cuex_forward_ms"] = 1e3 * timed(jax.jit(theirs), (x_flat, w), args.repeats)
-            row["einsum_vjp_ms"] = 1e3 * timed(with_vjp(ours), (sent, w), args.repeats)
-            row["cuex_vjp_ms"] = 1e3 * timed(with_vjp(theirs), (x_flat, w), args.repeats)
+            row["ours_forward_ms"] = 1e3 * timed(jax.jit(ours), (h, hidden), args.repeats)
+            row["cuex_forward_ms"] = 1e3 * timed(jax.jit(theirs), (x_flat, hidden), args.repeats)
+            row["ours_vjp_ms"] = 1e3 * timed(with_vjp(ours), (h, hidden), args.repeats)
+            row["cuex_vjp_ms"] = 1e3 * timed(with_vjp(theirs), (x_flat, hidden), args.repeats)
             rows.append(row)
-            print(f"layer {t}, {name} ({E} edges, {len(paths)} paths): forward einsum "
-                  f"{row['einsum_forward_ms']:.1f} ms, cuex {row['cuex_forward_ms']:.1f} ms; "
-                  f"forward+vjp einsum {row['einsum_vjp_ms']:.1f} ms, cuex "
+            print(f"layer {t}, {name} ({E} edges, {len(paths)} paths): forward ours "
+                  f"{row['ours_forward_ms']:.1f} ms, cuex {row['cuex_forward_ms']:.1f} ms; "
+                  f"forward+vjp ours {row['ours_vjp_ms']:.1f} ms, cuex "
                   f"{row['cuex_vjp_ms']:.1f} ms", flush=True)
     print(json.dumps({"cores": os.cpu_count(), "jax": jax.__version__,
                       "cuequivariance_jax": cuex.__version__, "method": method,

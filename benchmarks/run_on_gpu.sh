@@ -64,6 +64,6 @@ bench known_answers python3 benchmarks/reweighting_known_answers.py --problem re
     --updates 200 --seeds 0
 # learning from dynamics: argon's cost with and without a neighbor list
 bench argon_costs python3 benchmarks/argon_costs.py --modes cell,all --batches 1,10
-# NequIP's message tensor product: einsum against cuequivariance's kernel
+# NequIP's message tensor product: ours against cuequivariance's kernel
 # (needs the sevenn package for SevenNet-0's file)
 bench nequip_tp python3 benchmarks/nequip_tensor_products.py --repeats 7

@@ -30,7 +30,8 @@ if ! "$PY" -c "import mpi4jax" >/dev/null 2>&1; then
 fi
 # SevenNet's published checkpoints (SevenNet-0, chemtrain.models.nequip):
 # sevenn is installed for its files and never imported; its e3nn >= 0.5
-# would conflict with mace-torch's pinned e3nn 0.4.4, so no dependencies.
+# would conflict with mace-torch's pinned e3nn 0.4.4, so no dependencies
+# here (the sevennet extra installs them, without mace-torch).
 "$PY" -m pip install $Q --no-deps sevenn==0.13.0
 # sevenn's own calculator, for the tests that load a checkpoint chemtrain
 # wrote: the imports it needs beyond chemtrain's environment (e3nn 0.6

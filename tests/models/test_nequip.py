@@ -163,6 +163,19 @@ def test_refusals(models, tmp_path):
     assert np.isnan(float(energy))
 
 
+def test_checkpoints_need_torch_only(models, monkeypatch):
+    """The sevennet extra installs torch and sevenn, not mace-torch: reading a
+    checkpoint must not import mace (it did, through MACE's torch import,
+    until 2026-12-07), and without torch the error names the extra."""
+    import sys
+    monkeypatch.setitem(sys.modules, "mace", None)   # import mace raises ImportError
+    cfg, params = nequip.load_sevennet("7net-0", trusted=True)
+    assert jax.tree.all(jax.tree.map(np.array_equal, params, models["7net-0"][1]))
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(ImportError, match=r"chemtrain\[sevennet\]"):
+        nequip.load_sevennet("7net-0", trusted=True)
+
+
 def perturbed(params, seed=0):
     """Every weight moved by about 5 % (float32 values, as a file holds)."""
     rng = np.random.default_rng(seed)

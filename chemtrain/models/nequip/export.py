@@ -16,10 +16,9 @@ import os
 import jax
 import numpy as np
 
-from chemtrain.models.mace.torch_files import import_torch
 from chemtrain.models.nequip.model import conv_paths, ls_of, param_shapes
 from chemtrain.models.nequip.sevennet import (_read, _reorder, _stored_columns, _version,
-                                              config_of)
+                                              config_of, import_torch)
 
 
 def _flat(blocks: dict) -> np.ndarray:

@@ -4,8 +4,10 @@ and its parameters.
 A checkpoint is a torch pickle: :func:`load_sevennet` reads one only with
 ``trusted=True`` (the rule of mace-torch files). The published SevenNet-0
 ships inside the ``sevenn`` package; :func:`resolve` finds it by name
-without importing sevenn (sevenn needs e3nn >= 0.5, mace-torch pins 0.4.4,
-so chemtrain installs it without its dependencies, for these files only).
+without importing sevenn. Reading and writing need torch only: the
+``sevennet`` extra installs torch and sevenn (sevenn needs e3nn >= 0.5,
+mace-torch pins 0.4.4, so an environment with both installs sevenn with
+``--no-deps``, for these files only).
 
 What the loader converts, as sevenn's own loader does: the layer names of
 checkpoints before 0.10, and, before 0.11, the radial MLP's output columns
@@ -21,10 +23,25 @@ import re
 
 import numpy as np
 
-from chemtrain.models.mace.torch_files import import_torch
 from chemtrain.models.mace.torch_io import UntrustedFileError
 from chemtrain.models.nequip.model import (NequipConfig, _cg, conv_paths, generated_paths,
                                            ls_of, param_shapes)
+
+INSTALL_HINT = ("SevenNet checkpoints are torch pickles and need PyTorch: pip install "
+                "'chemtrain[sevennet]' (torch and sevenn, whose package holds SevenNet-0), or "
+                "pip install torch.")
+
+
+def import_torch():
+    """The ``torch`` module, or an ImportError that says how to install it.
+    Only torch: reading or writing a SevenNet checkpoint needs neither
+    sevenn nor mace-torch."""
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError(f"{INSTALL_HINT} ({e})") from e
+    return torch
+
 
 #: names of the checkpoints in the sevenn package -> their file in it
 PRETRAINED = {
