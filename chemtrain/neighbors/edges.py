@@ -177,6 +177,39 @@ def edge_vectors(displacement_fn: Callable | None, positions, neighbor, box=None
     return sc, rc, vec, real
 
 
+
+def disjoint_edges(displacement_fn: Callable | None, positions, neighbor, node_mask, box=None,
+                   perturbation=None):
+    """A batch of B structures as one graph with no edges between them (as
+    mace-torch and sevenn batch), for a model's batched energies.
+
+    Args:
+      displacement_fn: as for :func:`edge_vectors` (None for graphs only).
+      positions: (B, N, 3) positions in nm.
+      neighbor: a :class:`Graph` of (B, E) arrays or a jax-md list with a
+        leading axis B (one list per structure).
+      node_mask: (B, N) booleans, False for padded or masked-out atoms.
+      box: None, or one box per structure (leading axis B).
+      perturbation: None, or one strain per structure (leading axis B).
+
+    Returns:
+      ``(senders, receivers, vectors, real)`` of :func:`edge_vectors` for
+      every structure, flattened to (B * E,) (vectors (B * E, 3)), the atom
+      indices of structure b offset by ``b * N`` (they index the flattened
+      (B * N,) atoms), and ``real`` also False where either atom is masked
+      out.
+    """
+    b, n = positions.shape[:2]
+    in_axes = (0, 0, None if box is None else 0, None if perturbation is None else 0)
+    s, r, vec, real = jax.vmap(lambda R, g, bx, pt: edge_vectors(
+        displacement_fn, R, g, box=bx, perturbation=pt), in_axes=in_axes)(
+            positions, neighbor, box, perturbation)
+    take = jax.vmap(lambda m, i: m[i])
+    real = real & take(node_mask, s) & take(node_mask, r)
+    offset = (jnp.arange(b) * n)[:, None]
+    return ((s + offset).reshape(-1), (r + offset).reshape(-1), vec.reshape(-1, vec.shape[-1]),
+            real.reshape(-1))
+
 def neighbor_pairs(neighbor, n_atoms: int):
     """Return (i, j, weight) arrays of a Dense, Sparse or OrderedSparse jax-md list.
 

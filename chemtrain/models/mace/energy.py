@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from chemtrain import units
 from chemtrain.models.mace.model import MaceConfig, node_energies
 from chemtrain.models.mace.heads import default_head
-from chemtrain.neighbors import GRAPH_KEYS, check_minimum_image, edge_vectors
+from chemtrain.neighbors import GRAPH_KEYS, check_minimum_image, disjoint_edges, edge_vectors
 from chemtrain.models.template import EnergyTemplate, periodic
 from chemtrain.models.species import check_species as species_check
 
@@ -276,13 +276,8 @@ def batched_template(cfg: MaceConfig, displacement_fn: Callable | None = None,
             b, n = positions.shape[:2]
             element = species_to_elements(cfg, species)
             node_mask = jnp.ones((b, n), bool) if mask is None else jnp.asarray(mask).astype(bool)
-            in_axes = (0, 0, None if box is None else 0, None if perturbation is None else 0)
-            s, r, vec, real = jax.vmap(lambda R, g, bx, pt: edge_vectors(
-                displacement_fn, R, g, box=bx, perturbation=pt), in_axes=in_axes)(
-                    positions, neighbor, box, perturbation)
-            take = jax.vmap(lambda m, i: m[i])
-            real = real & take(node_mask, s) & take(node_mask, r)
-            offset = (jnp.arange(b) * n)[:, None]
+            s, r, vec, real = disjoint_edges(displacement_fn, positions, neighbor, node_mask,
+                                             box, perturbation)
             if head is None and cfg.num_heads > 1:   # as mace-torch's calculator: 'Default'
                 head = jnp.full((b,), default_head(cfg), jnp.int32)
             if head is None:
@@ -294,9 +289,8 @@ def batched_template(cfg: MaceConfig, displacement_fn: Callable | None = None,
                                      f"({b},), got {h.dtype} of shape {h.shape}.")
                 hd = jnp.repeat(h, n)
                 bad_head = (h < 0) | (h >= cfg.num_heads)
-            e = node_energies(params, cfg, (vec * LENGTH_TO_ANGSTROM).reshape(-1, 3),
-                              senders=(s + offset).reshape(-1), receivers=(r + offset).reshape(-1),
-                              edge_mask=real.reshape(-1),
+            e = node_energies(params, cfg, vec * LENGTH_TO_ANGSTROM, senders=s, receivers=r,
+                              edge_mask=real,
                               element=jnp.maximum(element, 0).reshape(-1),
                               node_mask=node_mask.reshape(-1), method=method, head=hd,
                               vmap_safe=False)
