@@ -26,13 +26,14 @@ is the stress) in both cases. Lengths are in whatever unit the positions
 are (nm inside chemtrain).
 """
 from .edges import (GRAPH_KEYS, Graph, SmallCellError, check_minimum_image, disjoint_edges,
-                    edge_vectors, graph_from, mask_graph, neighbor_pairs, pair_weight, perpendicular_widths)
+                    edge_vectors, graph_from, mask_graph, neighbor_pairs, pair_weight,
+                    perpendicular_widths)
 from .host import add_graphs, host_edges, pad_edges, precompute_graphs
 from .lists import (fixed_neighbor_list, list_box, list_cutoff, list_is_periodic, make_space,
                     neighbor_list)
 
 __all__ = ["GRAPH_KEYS", "Graph", "SmallCellError", "add_graphs", "check_minimum_image",
-           "disjoint_edges", "edge_vectors", "fixed_neighbor_list", "graph_from", "host_edges", "list_box",
-           "list_cutoff", "list_is_periodic", "make_space", "mask_graph",
+           "disjoint_edges", "edge_vectors", "fixed_neighbor_list", "graph_from", "host_edges",
+           "list_box", "list_cutoff", "list_is_periodic", "make_space", "mask_graph",
            "neighbor_list", "neighbor_pairs", "pad_edges", "pair_weight", "perpendicular_widths",
            "precompute_graphs"]

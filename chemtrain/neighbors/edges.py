@@ -177,7 +177,6 @@ def edge_vectors(displacement_fn: Callable | None, positions, neighbor, box=None
     return sc, rc, vec, real
 
 
-
 def disjoint_edges(displacement_fn: Callable | None, positions, neighbor, node_mask, box=None,
                    perturbation=None):
     """A batch of B structures as one graph with no edges between them (as
@@ -209,6 +208,7 @@ def disjoint_edges(displacement_fn: Callable | None, positions, neighbor, node_m
     offset = (jnp.arange(b) * n)[:, None]
     return ((s + offset).reshape(-1), (r + offset).reshape(-1), vec.reshape(-1, vec.shape[-1]),
             real.reshape(-1))
+
 
 def neighbor_pairs(neighbor, n_atoms: int):
     """Return (i, j, weight) arrays of a Dense, Sparse or OrderedSparse jax-md list.

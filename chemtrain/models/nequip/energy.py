@@ -84,7 +84,8 @@ def energy_fn_template(cfg: NequipConfig, displacement_fn: Callable | None = Non
                                 name="The NequIP data's box")
 
     return EnergyTemplate(template, validate_dataset=validate,
-                          cutoff=cfg.cutoff / LENGTH_TO_ANGSTROM, periodic=periodic(displacement_fn),
+                          cutoff=cfg.cutoff / LENGTH_TO_ANGSTROM,
+                          periodic=periodic(displacement_fn),
                           batched=batched_template(cfg, displacement_fn))
 
 
@@ -92,8 +93,8 @@ def batched_template(cfg: NequipConfig, displacement_fn: Callable | None = None)
     """``params -> energies(positions, neighbor, species=..., mask=...,
     box=..., perturbation=...)``: the (B,) energies in kJ/mol of a batch of
     structures, every argument with a leading axis B (as
-    :func:`chemtrain.models.mace.energy.batched_template` takes them), evaluated as
-    one graph with no edges between the structures; each equals what
+    :func:`chemtrain.models.mace.energy.batched_template` takes them),
+    evaluated as one graph with no edges between the structures; each equals what
     :func:`energy_fn_template`'s energy function gives for that structure.
 
     Trainers use it through :attr:`EnergyTemplate.batched

@@ -291,10 +291,9 @@ def messages(cfg: NequipConfig, layer: int, h: dict, senders, sh: dict, radial: 
     scalars of the edge (spherical harmonics times Clebsch-Gordan
     coefficients), times the path's radial weights, which XLA fuses into
     elementwise loops over contiguous channels. A batched einsum per edge
-    ((mul, 2l1+1) times (2l1+1, 2l3+1)) ran these as many tiny products:
-    on 2 CPU cores
-    SevenNet-0's energy and forces took about twice as long (64-atom Si
-    121 -> 57 ms, 370-atom nanotube 1025 -> 541 ms). The cost is compiling
+    ((mul, 2l1+1) times (2l1+1, 2l3+1)) ran these as many tiny products: on
+    2 CPU cores SevenNet-0's energy and forces took about twice as long
+    (64-atom Si 121 -> 57 ms, 370-atom nanotube 1025 -> 541 ms). The cost is compiling
     about five times as many operations: the Si cell's energy and forces
     take 7.8 s to trace and compile (3.3 s before), a training step's
     gradient 20 s (6 s); the persistent cache limits that to a first run.
