@@ -15,6 +15,7 @@ is mostly noise. Prints one line per length.
 """
 import os
 import sys
+import tempfile
 import time
 import warnings
 
@@ -27,6 +28,7 @@ import numpy as np  # noqa: E402
 from jax_md import space  # noqa: E402
 
 import fused_water as fw  # noqa: E402
+import water_diffusion as wd  # noqa: E402
 from chemtrain.learn import dynamics  # noqa: E402
 from chemtrain.learn.dynamics import check_steps  # noqa: E402
 from chemtrain.simulate import make_trajectory, process_printouts, run_with_restart  # noqa: E402
@@ -37,20 +39,16 @@ def flat(grads):
                            for x in jax.tree_util.tree_leaves(v)])
 
 
-def main(folder="/tmp/dynamics_gradient_coherence"):
+def main():
     warnings.filterwarnings("ignore", message="Explicitly requested dtype float64")
     t0 = time.perf_counter()
     s = fw.system()
     ref = fw.reference(s, 0)
-    labels, targets = ref["labels"], ref["true"]
-    frames = {"R": labels["R"], "F": labels["F"],
-              "species": np.full((len(labels["R"]), fw.N), 8)}
-    data = {"train": {k: v[:160] for k, v in frames.items()},
-            "test": {k: v[160:] for k, v in frames.items()}}
-    template, init = fw.with_prior(s, fw.mace_model(s, 0))
-    fm = fw.fm_trainer(s, template, init, data, os.path.join(folder, f"fm{os.getpid()}"), 20,
-                       False)
-    fm.train(20)
+    targets = ref["true"]
+    template, init, data = wd.model_and_labels(s, ref["labels"], 0)
+    with tempfile.TemporaryDirectory() as folder:   # the force matching's checkpoints
+        fm = fw.fm_trainer(s, template, init, data, folder, 20, False)
+        fm.train(20)
     params = fm.params
     init_t, run = make_trajectory(s["simulator"], template, s["neighbor_fn"],
                                   process_printouts(fw.DT, 7.0, 2.0, 0.25))

@@ -92,8 +92,7 @@ def vacf_check(s, template, params, neighbor_fn, start, n_segments, segment_ps, 
     Langevin NVT (5 ps, then a start state every 0.1 ps), new
     Maxwell-Boltzmann momenta for each, an NVE segment of ``segment_ps``
     whose atom-averaged v(0).v(t) integrates (numpy's trapezoid) to 3 D."""
-    kw = {k: v for k, v in s["state_kwargs"].items() if k != "kT"}
-    species = kw.get("species")
+    species = s["state_kwargs"].get("species")
     energy_fn = template(params)
     init, run = make_trajectory(s["simulator"], template, neighbor_fn,
                                 process_printouts(fw.DT, 5.0 + 0.1 * n_segments, 5.0, 0.1))
@@ -134,6 +133,17 @@ def vacf_check(s, template, params, neighbor_fn, start, n_segments, segment_ps, 
 def block_error(values, blocks=10):
     v = np.asarray(values)[: len(values) // blocks * blocks].reshape(blocks, -1).mean(1)
     return float(np.std(v, ddof=1) / np.sqrt(blocks))
+
+
+def model_and_labels(s, labels, seed):
+    """The MACE plus prior (template, initial parameters) and the lambda-20
+    labels split 160 / 40 into ``{'train', 'test'}``: the start of every
+    trainer here (force-matched by ``fused_water.fm_trainer``)."""
+    frames = {"R": labels["R"], "F": labels["F"],
+              "species": np.full((len(labels["R"]), fw.N), 8)}
+    data = {"train": {k: v[:160] for k, v in frames.items()},
+            "test": {k: v[160:] for k, v in frames.items()}}
+    return (*fw.with_prior(s, fw.mace_model(s, seed)), data)
 
 
 def step_sizes(args):
@@ -230,11 +240,7 @@ def main(argv=None):
           f"{block_error(D_ref):.1e} nm^2/ps over {args.segment_ps} ps; the D target "
           f"{D_target:.4e}", flush=True)
 
-    frames = {"R": labels["R"], "F": labels["F"],
-              "species": np.full((len(labels["R"]), fw.N), 8)}
-    data = {"train": {k: v[:160] for k, v in frames.items()},
-            "test": {k: v[160:] for k, v in frames.items()}}
-    template, init = fw.with_prior(s, fw.mace_model(s, args.seed))
+    template, init, data = model_and_labels(s, labels, args.seed)
 
     def measured(name, params, seconds):
         r = fw.measure(s, template, params, targets, start, data["test"], args.seed)
