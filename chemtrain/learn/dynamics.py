@@ -9,7 +9,10 @@ weights), and ``o_i`` a functional of the NVE segment started from snapshot
 ``i`` under the current potential (e.g. its Green-Kubo diffusion
 coefficient). Its gradient has two parts: the start-state distribution's
 (through ``w_i``) and the segment's own (through ``o_i``, by reverse mode
-through the integrator). :func:`make_value_and_grad` computes both exactly.
+through the integrator). :func:`make_value_and_grad` computes both exactly,
+or the segment's part truncated to windows of ``backprop_steps`` steps
+(:func:`make_segment`): in a chaotic liquid the exact one through long
+segments is mostly noise.
 
 **Memory.** The segment (:func:`make_segment`) is jax-md's velocity-Verlet
 NVE integrator in a scan over blocks of steps, with gradient checkpointing
@@ -45,16 +48,18 @@ from ..quantity import dynamics as dq
 from . import reweighting as reweight
 
 
-def block_size(n_steps: int) -> int:
-    """The divisor ``b`` of ``n_steps`` that minimises ``n_steps / b + b``:
-    the simulator states the checkpointed reverse pass keeps."""
-    divisors = [b for b in range(1, n_steps + 1) if n_steps % b == 0]
+def block_size(n_steps: int, window: int | None = None) -> int:
+    """The divisor ``b`` of ``n_steps`` (and of ``window`` if given) that
+    minimises ``n_steps / b + b``: the simulator states the checkpointed
+    reverse pass keeps."""
+    divisors = [b for b in range(1, n_steps + 1)
+                if n_steps % b == 0 and (window is None or window % b == 0)]
     return min(divisors, key=lambda b: (n_steps // b + b, b))
 
 
 def make_segment(energy_fn_template: Callable, shift_fn: Callable, dt: float, n_steps: int,
                  block: int | None = None, stress_box=None,
-                 neighbors: bool = True) -> Callable:
+                 neighbors: bool = True, backprop_steps: int | None = None) -> Callable:
     """An NVE segment of ``n_steps`` velocity-Verlet steps of ``dt`` ps,
     differentiable with memory that grows with ``sqrt(n_steps)``.
 
@@ -76,6 +81,22 @@ def make_segment(energy_fn_template: Callable, shift_fn: Callable, dt: float, n_
         ``lennard_jones_template(..., all_pairs=True)``): the segment then
         neither passes nor updates one, which vmapped segments
         (``segment_batch``) would otherwise rebuild at every step.
+      backprop_steps: truncated backpropagation through time. None (the
+        default): the exact gradient. A whole number ``k``: the state
+        (positions, momenta, displacements) after every ``k`` steps is held
+        constant in the reverse pass, its forces computed again from the
+        held positions under the current parameters, so the gradient of a
+        value at step ``t`` follows the dynamics back at most to step
+        ``k * floor((t - 1) / k)``. The forward pass is the same up to
+        rounding. ``k`` must be a multiple of ``block`` (None picks a block
+        that divides both). In a chaotic liquid the exact gradient through a
+        long segment grows with its length and is mostly noise
+        (``benchmarks/dynamics_gradient_coherence.py``, water beads: the
+        cosine between the gradients of two independent sets of starts is
+        +0.98 for 0.25 ps segments and -0.23 for 1 ps ones, and +0.89 for
+        1 ps ones truncated to 0.25 ps). A truncated gradient is biased: it
+        leaves out how a change early in a segment moves what comes more
+        than ``k`` steps later.
 
     Returns:
       ``segment(params, position, momentum, mass, nbrs, kwargs) -> (series,
@@ -89,16 +110,26 @@ def make_segment(energy_fn_template: Callable, shift_fn: Callable, dt: float, n_
       ``kwargs`` go to the energy function (e.g. ``species``).
 
     Raises:
-      ValueError: ``n_steps`` or ``block`` not a positive whole number, or a
-        block that does not divide ``n_steps``.
+      ValueError: ``n_steps``, ``block`` or ``backprop_steps`` not a
+        positive whole number, or a block that does not divide ``n_steps``
+        (and ``backprop_steps``).
     """
-    from jax_md import simulate
+    from jax_md import quantity, simulate
     if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
         raise ValueError(f"n_steps must be a positive whole number, got {n_steps!r}.")
-    block = block_size(n_steps) if block is None else block
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1 or n_steps % block:
-        raise ValueError(f"block must be a positive divisor of n_steps={n_steps}, got {block!r} "
-                         f"(None picks {block_size(n_steps)}).")
+    if backprop_steps is not None and (isinstance(backprop_steps, bool)
+                                       or not isinstance(backprop_steps, int)
+                                       or backprop_steps < 1):
+        raise ValueError(f"backprop_steps must be None (the exact gradient) or a positive whole "
+                         f"number of steps, got {backprop_steps!r}.")
+    cut_every = None if backprop_steps is None or backprop_steps >= n_steps else backprop_steps
+    default = block_size(n_steps, cut_every)
+    block = default if block is None else block
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1 or n_steps % block \
+            or (cut_every is not None and cut_every % block):
+        within = "" if cut_every is None else f" and of backprop_steps={cut_every}"
+        raise ValueError(f"block must be a positive divisor of n_steps={n_steps}{within}, got "
+                         f"{block!r} (None picks {default}).")
 
     def segment(params, position, momentum, mass, nbrs, kwargs):
         nbrs = nbrs if neighbors else None
@@ -107,6 +138,7 @@ def make_segment(energy_fn_template: Callable, shift_fn: Callable, dt: float, n_
         state = init_fn(None, position, 0.0, mass=mass, momenta=momentum, neighbor=nbrs,
                         **kwargs)
         v0 = state.velocity
+        force_fn = quantity.canonicalize_force(energy_fn)
 
         def record(state, nbrs, disp):
             out = (dq.velocity_autocorrelation(v0, state.velocity),
@@ -125,17 +157,29 @@ def make_segment(energy_fn_template: Callable, shift_fn: Callable, dt: float, n_
                 overflow = overflow | (nbrs.did_buffer_overflow > 0)
             return (state, nbrs, disp, overflow), record(state, nbrs, disp)
 
-        def run_block(carry, _):
-            return jax.lax.scan(jax.checkpoint(step), carry, None, length=block)
+        def restart(state, nbrs, disp):
+            """The same state as a constant of the parameters: its forces
+            again, from the held positions and the current parameters."""
+            state, disp = jax.lax.stop_gradient((state, disp))
+            return state.set(force=force_fn(state.position, neighbor=nbrs, **kwargs)), disp
+
+        def run_block(carry, b):
+            state, nbrs, disp, overflow = carry
+            if cut_every is not None:   # truncated backpropagation
+                state, disp = jax.lax.cond((b > 0) & (b * block % cut_every == 0), restart,
+                                           lambda s, _, d: (s, d), state, nbrs, disp)
+            return jax.lax.scan(jax.checkpoint(step), (state, nbrs, disp, overflow), None,
+                                length=block)
 
         start = (state, nbrs, jnp.zeros_like(position), jnp.asarray(False))
-        (_, _, _, overflow), ys = jax.lax.scan(jax.checkpoint(run_block), start, None,
-                                               length=n_steps // block)
+        (_, _, _, overflow), ys = jax.lax.scan(jax.checkpoint(run_block), start,
+                                               jnp.arange(n_steps // block))
         first = record(state, nbrs, start[2])
         series = {k: jnp.concatenate([a[None], b.reshape(-1, *a.shape)])
                   for k, a, b in zip(("vacf", "msd", "stress"), first, ys)}
         return series, overflow
     segment.n_steps, segment.dt, segment.block = n_steps, dt, block
+    segment.backprop_steps = backprop_steps
     return segment
 
 

@@ -109,7 +109,9 @@ def _result(sp, params, trajs, derived, inputs):
 def dynamics_objective() -> Objective:
     """Learning from dynamics (see the module's docstring for ``spec``):
     per state point the loss of its dynamic (and static) targets, with the
-    exact gradient through the start states' weights and the segments."""
+    exact gradient through the start states' weights and the segments (the
+    segments' part truncated if the segment was made with
+    ``backprop_steps``)."""
     return Objective("dynamics", _result, target_records, prepare=_prepare,
                      contributions=target_contributions,
                      check=lambda sp, params, trajs: check_first_configuration(

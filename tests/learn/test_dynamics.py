@@ -40,6 +40,38 @@ def test_segment_follows_the_harmonic_oscillator():
         dyn.make_segment(template, space.free()[1], dt, n, block=7)
 
 
+def test_truncated_backpropagation_holds_the_state_after_every_window():
+    """``backprop_steps``: the oscillator's v(t) = v_c cos(w tau) - x_c w
+    sin(w tau) from the state (x_c, v_c) at the window's start, tau = t -
+    t_c. Holding that state constant, d v(t)/dw = -v_c tau sin(w tau) - x_c
+    sin(w tau) - x_c w tau cos(w tau), and dw/dk = 1/(2 m w); the exact
+    gradient (None) is d/dk of v0 cos(w t). Both against the reverse pass of
+    each step's v0.v(t) (velocity Verlet's error at 1 fs is ~1e-7)."""
+    k, m, dt, n, window = 50.0, 10.0, 0.001, 400, 100
+    template = lambda p: (lambda R, neighbor=None, **kw: 0.5 * p["k"] * jnp.sum(R ** 2))  # noqa
+    v0 = np.array([[1.0, 2.0, -1.0]])
+    w, t = np.sqrt(k / m), dt * np.arange(n + 1)
+    t_c = dt * window * (np.maximum(np.arange(n + 1) - 1, 0) // window)
+    x_c, v_c, tau = np.sin(w * t_c) / w, np.cos(w * t_c), t - t_c   # times v0
+    truncated = (-v_c * tau * np.sin(w * tau) - x_c * np.sin(w * tau)
+                 - x_c * w * tau * np.cos(w * tau)) * 6.0 / (2 * m * w)
+    exact = -t * np.sin(w * t) * 6.0 / (2 * m * w)
+    with jax.enable_x64(True):
+        for steps, expected in ((window, truncated), (None, exact)):
+            segment = dyn.make_segment(template, space.free()[1], dt, n, backprop_steps=steps)
+            vacf = lambda kk: segment({"k": kk}, jnp.zeros((1, 3)), jnp.asarray(v0 * m), m,  # noqa
+                                      None, {})[0]["vacf"]
+            grad = jax.jit(jax.jacrev(vacf))(jnp.asarray(k))
+            np.testing.assert_allclose(grad, expected, atol=1e-4 * np.abs(expected).max())
+    assert segment.block == 20 and np.abs(truncated - exact).max() > 0.5 * np.abs(exact).max()
+    # the block divides both: 25 (400/25 + 25 states kept) before 5 (400/5 + 5)
+    assert dyn.make_segment(template, space.free()[1], dt, n, backprop_steps=25).block == 25
+    with pytest.raises(ValueError, match="and of backprop_steps=100, got 40"):
+        dyn.make_segment(template, space.free()[1], dt, n, block=40, backprop_steps=100)
+    with pytest.raises(ValueError, match="backprop_steps must be None"):
+        dyn.make_segment(template, space.free()[1], dt, n, backprop_steps=0)
+
+
 def test_green_kubo_and_einstein_estimators():
     dt, tau, a = 0.01, 0.3, 0.75
     t = dt * np.arange(401)
