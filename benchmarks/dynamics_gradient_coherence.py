@@ -45,13 +45,14 @@ def flat(grads):
                            for x in jax.tree_util.tree_leaves(v)])
 
 
-def main():
+def prepare(seed: int = 0) -> dict:
+    """The example's force-matched start and 20 start states (with new
+    momenta) from one NVT trajectory of it: what both gradient benchmarks use."""
     warnings.filterwarnings("ignore", message="Explicitly requested dtype float64")
-    t0 = time.perf_counter()
     s = fw.system()
-    ref = fw.reference(s, 0)
+    ref = fw.reference(s, seed)
     targets = ref["true"]
-    template, init, data = wd.model_and_labels(s, ref["labels"], 0)
+    template, init, data = wd.model_and_labels(s, ref["labels"], seed)
     with tempfile.TemporaryDirectory() as folder:   # the force matching's checkpoints
         fm = fw.fm_trainer(s, template, init, data, folder, 20, False)
         fm.train(20)
@@ -65,21 +66,34 @@ def main():
                             jax.random.fold_in(key, 1), **s["state_kwargs"])
     R = traj.snapshots.position[:20]
     P = jnp.sqrt(fw.MASS * fw.KT) * jax.random.normal(jax.random.fold_in(key, 2), R.shape)
-    nbrs0 = s["neighbor_fn"].allocate(R[0], extra_capacity=8)
-    kw = {k: v for k, v in s["state_kwargs"].items() if k not in ("kT", "mass")}
-    D_fn = dynamics.diffusion()
+    return {"system": s, "targets": targets, "template": template, "params": params,
+            "R": R, "P": P, "nbrs0": s["neighbor_fn"].allocate(R[0], extra_capacity=8),
+            "kwargs": {k: v for k, v in s["state_kwargs"].items() if k not in ("kT", "mass")}}
+
+
+def mean_D_and_grad(prep: dict, segment_ps: float, backprop_ps: float | None):
+    """``(params, R, P) -> (mean D, its gradient)`` through segments of
+    ``segment_ps``, the gradient truncated to ``backprop_ps`` (None: exact)."""
+    seg = dynamics.make_segment(prep["template"], space.periodic(fw.BOX)[1], fw.DT,
+                                check_steps(fw.DT, segment_ps),
+                                backprop_steps=backprop_ps and check_steps(fw.DT, backprop_ps))
+    D_fn, nbrs0, kw = dynamics.diffusion(), prep["nbrs0"], prep["kwargs"]
+
+    def mean_D(p, Rs, Ps):
+        def one(rp):
+            series, _ = seg(p, rp[0], rp[1], fw.MASS, nbrs0.update(rp[0]), kw)
+            return D_fn(series, fw.DT)
+        return jnp.mean(jax.lax.map(one, (Rs, Ps)))
+    return jax.jit(jax.value_and_grad(mean_D))
+
+
+def main():
+    t0 = time.perf_counter()
+    prep = prepare()
+    params, R, P = prep["params"], prep["R"], prep["P"]
     print(f"model and start states ready ({time.perf_counter() - t0:.0f} s)", flush=True)
     for ps, back in CASES:
-        seg = dynamics.make_segment(template, space.periodic(fw.BOX)[1], fw.DT,
-                                    check_steps(fw.DT, ps),
-                                    backprop_steps=back and check_steps(fw.DT, back))
-
-        def mean_D(p, Rs, Ps):
-            def one(rp):
-                series, _ = seg(p, rp[0], rp[1], fw.MASS, nbrs0.update(rp[0]), kw)
-                return D_fn(series, fw.DT)
-            return jnp.mean(jax.lax.map(one, (Rs, Ps)))
-        value_and_grad = jax.jit(jax.value_and_grad(mean_D))
+        value_and_grad = mean_D_and_grad(prep, ps, back)
         t = time.perf_counter()
         (Da, ga), (Db, gb) = value_and_grad(params, R[:10], P[:10]), value_and_grad(
             params, R[10:], P[10:])

@@ -2,7 +2,7 @@
 self-diffusion coefficient of its "experiment" while keeping its structure.
 
     python examples/difftre/water_diffusion.py [--updates 20] [--segments 20]
-        [--segment-ps 1.0] [--lr 5e-3] [--d-weight 1e6] [--check-segments 200]
+        [--segment-ps 1.0] [--backprop-ps 0.25] [--lr 5e-3] [--d-weight 1e6] [--check-segments 200]
         [--out water_diffusion] [--seed 0]
     python examples/difftre/water_diffusion.py --plot-from RUN/results.json --out DIR
 
@@ -23,7 +23,10 @@ model is the 8-channel MACE plus a frozen repulsive prior.
    of one trajectory (0.25 ps apart) to the current parameters, runs an NVE
    segment of ``--segment-ps`` from each (velocity Verlet, the snapshot's
    momenta) and differentiates the loss through the start states' weights
-   and the segments.
+   and the segments, the latter truncated to the last ``--backprop-ps``
+   (``make_segment(..., backprop_steps)``): through a whole 1-ps segment
+   the gradient of this liquid is mostly noise
+   (``benchmarks/dynamics_gradient_coherence.py``).
 4. **Fresh checks**, independent of the trainers: each model (and the mW
    reference) is simulated afresh with jax-md alone. Structure: 5 ps + 10 ps
    of Langevin dynamics, 100 snapshots (``fused_water.measure``). D:
@@ -70,6 +73,9 @@ def parse_args(argv=None):
     p.add_argument("--updates", type=int, default=20, help="updates of each trainer")
     p.add_argument("--segments", type=int, default=20, help="start states per update")
     p.add_argument("--segment-ps", type=float, default=1.0, help="NVE segment length")
+    p.add_argument("--backprop-ps", type=float, default=0.25,
+                   help="truncated backpropagation: the gradient through a segment follows "
+                        "the dynamics back at most this far (0: the exact gradient)")
     p.add_argument("--lr", type=float, default=5e-3,
                    help="Adam's first step in both trainers, cosine-decayed to 10 %% at the last")
     p.add_argument("--d-weight", type=float, default=1e6,
@@ -153,7 +159,9 @@ def step_sizes(args):
 def dynamics_trainer(s, template, params, targets, D_target, args, folder):
     """Structure and D: the dynamics objective on one state point."""
     steps = check_steps(fw.DT, args.segment_ps)
-    spec = {"segment": dynamics.make_segment(template, space.periodic(fw.BOX)[1], fw.DT, steps),
+    back = check_steps(fw.DT, args.backprop_ps) if args.backprop_ps else None
+    spec = {"segment": dynamics.make_segment(template, space.periodic(fw.BOX)[1], fw.DT, steps,
+                                             backprop_steps=back),
             "functionals": {"D": dynamics.diffusion()}, "quantities": s["quantities"],
             "targets": {"D": {"gamma": args.d_weight}, "rdf": {"gamma": 1.0},
                         "adf": {"gamma": 30.0}, "pressure": {"gamma": 1e-7}},
