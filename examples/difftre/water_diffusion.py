@@ -23,9 +23,9 @@ model is the 8-channel MACE plus a frozen repulsive prior.
    of one trajectory (0.25 ps apart) to the current parameters, runs an NVE
    segment of ``--segment-ps`` from each (velocity Verlet, the snapshot's
    momenta) and differentiates the loss through the start states' weights
-   and the segments, the latter truncated to the last ``--backprop-ps``
+   and the segments, the latter truncated to windows of ``--backprop-ps``
    (``make_segment(..., backprop_steps)``): through a whole 1-ps segment
-   the gradient of this liquid is mostly noise
+   the exact gradient of this liquid is mostly noise
    (``benchmarks/dynamics_gradient_coherence.py``).
 4. **Fresh checks**, independent of the trainers: each model (and the mW
    reference) is simulated afresh with jax-md alone. Structure: 5 ps + 10 ps
