@@ -2,7 +2,7 @@
 gradient, and D measured afresh before and after, on the water beads of
 ``examples/difftre/water_diffusion.py``.
 
-    .venv/bin/python benchmarks/dynamics_gradient_direction.py   # about 17 min on 2 cores
+    .venv/bin/python benchmarks/dynamics_gradient_direction.py   # about 21 min on 2 cores
 
 From the force-matched start and the 20 start states of
 ``dynamics_gradient_coherence.py``, the gradient of the mean Green-Kubo D
